@@ -1,0 +1,101 @@
+"""``python -m bench [--quick]``: cdcd next to the raw tools, in one run, on this machine.
+
+Every pair runs back to back on the same data so the ratio is fair on a noisy
+machine. Results go to ``bench/results/latest.md`` and ``latest.json``; the
+chart to ``docs/benchmarks.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import scenarios
+from bench.report import write_report
+from cdcd.devservers import MariaDBServer, PostgresServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SIZES = {
+    # rows per workload; the default run stays under 10 minutes on 2 cores, --quick under 2
+    "default": {"stream": 1_000_000, "stream_wide": 100_000, "snapshot": 1_000_000, "snapshot_wide": 200_000,
+                "latency_s": 20, "rss_tx": 2_000_000, "rss_snapshot": 5_000_000},
+    "quick": {"stream": 50_000, "stream_wide": 10_000, "snapshot": 50_000, "snapshot_wide": 10_000,
+              "latency_s": 5, "rss_tx": 100_000, "rss_snapshot": 200_000},
+}
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": psutil.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "postgres": PostgresServer.version(),
+        "mariadb": MariaDBServer.version(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/bench.sh", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run under 2 minutes")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where results go")
+    parser.add_argument("--only", nargs="*", help="run only these measures (names as in the table)")
+    parser.add_argument("--chart", type=Path, default=ROOT / "docs" / "benchmarks.png", help="chart PNG path")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark consumer measure")
+    args = parser.parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "default"]
+    work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    pg: PostgresServer | None = None
+    maria: MariaDBServer | None = None
+    try:
+        # synchronous_commit=on: WAL is flushed at commit, so the walsender sends it at once (latency)
+        pg_settings = {"wal_sender_timeout": "0", "max_wal_size": "4GB", "synchronous_commit": "on"}
+        pg = PostgresServer(settings=pg_settings).start()
+        maria = MariaDBServer(settings={"net_write_timeout": "3600", "max_binlog_size": "1073741824"}).start()
+        plan: list[tuple[str, Callable[[], list[dict[str, Any]]]]] = [
+            ("pg_stream", lambda: scenarios.pg_stream(pg, work / "pg_stream", sizes)),
+            ("pg_snapshot", lambda: scenarios.pg_snapshot(pg, work / "pg_snapshot", sizes)),
+            ("maria_stream", lambda: scenarios.maria_stream(maria, work / "maria_stream", sizes)),
+            ("maria_snapshot", lambda: scenarios.maria_snapshot(maria, work / "maria_snapshot", sizes)),
+            ("latency", lambda: scenarios.pg_latency(pg, work / "latency", sizes)),
+            ("rss", lambda: scenarios.pg_rss(pg, work / "rss", sizes)),
+        ]
+        if not args.no_spark:
+            plan.append(("spark", lambda: scenarios.spark_consumer(work / "pg_stream", work / "spark")))
+        for name, run in plan:
+            if args.only and name not in args.only:
+                continue
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            rows = run()
+            for row in rows:
+                row.setdefault("scenario", name)
+            results.extend(rows)
+            print(f"bench: {name} done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+    finally:
+        for server in (pg, maria):
+            if server is not None:
+                server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    doc = {"mode": "quick" if args.quick else "default", "sizes": sizes, "machine": machine(),
+           "elapsed_s": round(time.monotonic() - started, 1), "results": results}
+    markdown = write_report(doc, args.out, chart_png=args.chart)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

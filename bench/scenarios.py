@@ -1,0 +1,343 @@
+"""The benchmark measures: each cdcd figure next to its raw-tool baseline on the same data."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from bench import workloads
+from bench.harness import VENV_BIN, Daemon, Timed, run_daemon_until, run_timed, write_config
+from cdcd.devservers import MariaDBServer, PostgresServer, _binary, _pg_bindir
+
+Row = dict[str, Any]
+
+
+def _pair(measure: str, unit: str, ours: Timed, base: Timed | None, baseline: str, **extra: Any) -> Row:
+    row: Row = {"measure": measure, "unit": unit, "cdcd": round(ours.rate, 1), "cdcd_seconds": round(ours.seconds, 2),
+                "items": ours.items, "baseline": baseline}
+    if base is not None:
+        row.update(baseline_rate=round(base.rate, 1), baseline_seconds=round(base.seconds, 2),
+                   ratio=round(ours.rate / base.rate, 3))
+    row.update(extra)
+    return row
+
+
+def _pg_source(pg: PostgresServer, db: str, tables: list[str], slot: str = "cdcd") -> dict[str, Any]:
+    return {"kind": "postgres", "port": pg.port, "user": "postgres", "database": db, "tables": tables,
+            "sslmode": "disable", "postgres": {"slot": slot, "publication": "cdcd"}}
+
+
+def _maria_source(m: MariaDBServer, db: str, tables: list[str]) -> dict[str, Any]:
+    return {"kind": "mariadb", "port": m.port, "user": "root", "database": db, "tables": tables,
+            "sslmode": "disable", "mysql": {"server_id": 9001}}
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+
+
+def pg_stream(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    work.mkdir(parents=True)
+    db = pg.create_database("bench_stream")
+    pg.psql(workloads.PG_NARROW, db)
+    pg.psql(workloads.PG_WIDE, db)
+    pg.psql("CREATE PUBLICATION cdcd FOR TABLE narrow, wide", db)
+    for slot in ("raw", "cdcd"):
+        pg.psql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')", db)
+    rows = []
+    for table, count, fill in (("narrow", sizes["stream"], workloads.pg_insert_narrow),
+                               ("wide", sizes["stream_wide"], workloads.pg_insert_wide)):
+        fill(pg, db, 1, count, 1000)
+        end = pg.psql("SELECT pg_current_wal_lsn()", db)
+        base = run_timed([str(_pg_bindir() / "pg_recvlogical"), "--start", "--no-loop", "-S", "raw", "-P", "pgoutput",
+                          "-o", "proto_version=1", "-o", "publication_names=cdcd", "-E", end, "-f", "/dev/null",
+                          "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", db], count)
+        tables = ["public.narrow", "public.wide"]
+        config = write_config(work / f"{table}.toml", _pg_source(pg, db, tables), work,
+                              snapshot={"mode": "never"})
+        ours = run_daemon_until(config, work, count)
+        rows.append(_pair(f"PostgreSQL streaming, {table} table", "events/s", ours, base,
+                          "pg_recvlogical (pgoutput) to /dev/null", peak_rss_mb=ours.peak_rss_mb))
+    return rows
+
+
+def pg_snapshot(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    work.mkdir(parents=True)
+    db = pg.create_database("bench_snapshot")
+    pg.psql(workloads.PG_NARROW, db)
+    pg.psql(workloads.PG_WIDE, db)
+    workloads.pg_insert_narrow(pg, db, 1, sizes["snapshot"], 100_000)
+    workloads.pg_insert_wide(pg, db, 1, sizes["snapshot_wide"], 50_000)
+    pg.psql("VACUUM ANALYZE", db)
+    rows = []
+    for table, count in (("narrow", sizes["snapshot"]), ("wide", sizes["snapshot_wide"])):
+        base = run_timed([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+                          "postgres", "-d", db, "-c", f"COPY {table} TO STDOUT (FORMAT binary)", "-o", "/dev/null"],
+                         count)
+        run_dir = work / table
+        run_dir.mkdir()
+        config = write_config(run_dir / "cdcd.toml", _pg_source(pg, db, [f"public.{table}"], slot=f"snap_{table}"),
+                              run_dir, snapshot={"mode": "initial_only", "parallelism": 2})
+        ours = run_daemon_until(config, run_dir, count, exits=True)
+        rows.append(_pair(f"PostgreSQL snapshot, {table} table", "rows/s", ours, base,
+                          "COPY ... TO STDOUT (FORMAT binary) to /dev/null", peak_rss_mb=ours.peak_rss_mb))
+    return rows
+
+
+# -- MariaDB -----------------------------------------------------------------------------------
+
+
+def _maria_position(m: MariaDBServer) -> tuple[str, int]:
+    file, pos = m.sql("SHOW MASTER STATUS").split("\t")[:2]
+    return file, int(pos)
+
+
+def _bare_pymysqlreplication(m: MariaDBServer, start: tuple[str, int], rows: int) -> Timed:
+    """The floor: pymysqlreplication decoding the same binlog range, rows counted, nothing else."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    began = time.perf_counter()
+    reader = BinLogStreamReader(
+        connection_settings={"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""},
+        server_id=9002, log_file=start[0], log_pos=start[1], blocking=True, resume_stream=True,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], is_mariadb=True,
+    )
+    seen = 0
+    try:
+        for event in reader:
+            seen += len(event.rows)
+            if seen >= rows:
+                break
+    finally:
+        reader.close()
+    return Timed(time.perf_counter() - began, seen)
+
+
+def maria_stream(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    work.mkdir(parents=True)
+    db = m.create_database("bench_stream")
+    m.sql(workloads.MARIA_NARROW, db)
+    m.sql(workloads.MARIA_WIDE, db)
+    rows = []
+    tables = [f"{db}.narrow", f"{db}.wide"]
+    for table, count, fill in (("narrow", sizes["stream"], workloads.maria_insert_narrow),
+                               ("wide", sizes["stream_wide"], workloads.maria_insert_wide)):
+        http_port = _free_port()
+        config = write_config(work / f"{table}.toml", _maria_source(m, db, tables), work,
+                              snapshot={"mode": "never"}, http={"listen": f"127.0.0.1:{http_port}"})
+        daemon = Daemon(config, work).start()
+        try:
+            _wait_ready(http_port, daemon)
+            already = daemon.committed_events()
+            daemon.pause()  # the binlog waits on the server while the workload is written
+            start = _maria_position(m)
+            fill(m, db, 1, count, 1000)
+            end = _maria_position(m)
+            daemon.resume()
+            seconds = daemon.wait_committed(already + count, timeout=1800)
+            ours = Timed(seconds, count, daemon.peak_rss_mb())
+        finally:
+            daemon.stop()
+        bare = _bare_pymysqlreplication(m, start, count)
+        c_tool = run_timed([_binary("mariadb-binlog"), "--read-from-remote-server", "-h", "127.0.0.1", "-P",
+                            str(m.port), "-u", "root", f"--start-position={start[1]}", f"--stop-position={end[1]}",
+                            "--verbose", start[0]], count)
+        rows.append(_pair(f"MariaDB streaming, {table} table", "rows/s", ours, bare, "bare pymysqlreplication loop",
+                          peak_rss_mb=ours.peak_rss_mb, mariadb_binlog_rate=round(c_tool.rate, 1),
+                          ratio_to_mariadb_binlog=round(ours.rate / c_tool.rate, 3)))
+    return rows
+
+
+def maria_snapshot(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    work.mkdir(parents=True)
+    db = m.create_database("bench_snapshot")
+    m.sql(workloads.MARIA_NARROW, db)
+    m.sql(workloads.MARIA_WIDE, db)
+    workloads.maria_insert_narrow(m, db, 1, sizes["snapshot"], 100_000)
+    workloads.maria_insert_wide(m, db, 1, sizes["snapshot_wide"], 50_000)
+    rows = []
+    for table, count in (("narrow", sizes["snapshot"]), ("wide", sizes["snapshot_wide"])):
+        base = run_timed(["sh", "-c", f"{_binary('mariadb')} --quick -h 127.0.0.1 -P {m.port} -u root -D {db} "
+                          f"-e 'SELECT * FROM {table}' > /dev/null"], count)
+        run_dir = work / table
+        run_dir.mkdir()
+        config = write_config(run_dir / "cdcd.toml", _maria_source(m, db, [f"{db}.{table}"]), run_dir,
+                              snapshot={"mode": "initial_only", "parallelism": 2})
+        ours = run_daemon_until(config, run_dir, count, exits=True)
+        rows.append(_pair(f"MariaDB snapshot, {table} table", "rows/s", ours, base,
+                          "mariadb --quick SELECT * to /dev/null", peak_rss_mb=ours.peak_rss_mb))
+    return rows
+
+
+# -- latency and memory -------------------------------------------------------------------------
+
+
+def pg_latency(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    """Source commit to landed batch visible, at a steady 5,000 events/s."""
+    work.mkdir(parents=True)
+    db = pg.create_database("bench_latency")
+    pg.psql(workloads.PG_NARROW, db)
+    config = write_config(work / "cdcd.toml", _pg_source(pg, db, ["public.narrow"], slot="latency"), work,
+                          snapshot={"mode": "initial"},
+                          landing={"max_batch_delay_ms": 20, "max_batch_events": 5000})
+    daemon = Daemon(config, work).start()
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch() -> None:  # note when each manifest becomes visible
+        manifests = work / "landing" / "manifests"
+        while not stop.is_set():
+            if manifests.is_dir():
+                now = time.time()
+                for entry in manifests.iterdir():
+                    if entry.suffix == ".json" and entry.name not in seen:
+                        seen[entry.name] = now
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _wait_checkpoint(daemon)
+        rate, per_tx, seconds = 5000, 50, sizes["latency_s"]
+        total = _steady_writer(pg, db, rate, per_tx, seconds)
+        daemon.wait_committed(total, timeout=300)
+    finally:
+        stop.set()
+        watcher.join()
+        daemon.stop()
+    latencies = []
+    for name, visible_at in seen.items():
+        data = work / "landing" / "data"
+        for f in data.glob(name.replace(".json", "") + "-*.parquet"):
+            commit_ts = pq.read_table(f, columns=["_cdc_commit_ts", "_cdc_snapshot"])
+            for ts, snap in zip(commit_ts.column(0).to_pylist(), commit_ts.column(1).to_pylist(), strict=True):
+                if not snap and ts is not None:
+                    latencies.append((visible_at - ts.timestamp()) * 1000)
+    latencies.sort()
+    if not latencies:
+        raise RuntimeError("no streamed events were landed during the latency run")
+    p50 = latencies[len(latencies) // 2]
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return [{"measure": "latency, commit to landed batch visible, 5,000 events/s", "unit": "ms",
+             "p50_ms": round(p50, 1), "p99_ms": round(p99, 1), "events": len(latencies),
+             "config": "max_batch_delay_ms=20", "baseline": "none"}]
+
+
+def _steady_writer(pg: PostgresServer, db: str, rate: int, per_tx: int, seconds: float) -> int:
+    """Insert ``rate`` rows/s in transactions of ``per_tx`` rows for ``seconds``, through one psql session."""
+    psql = subprocess.Popen([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+                             "postgres", "-d", db], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert psql.stdin is not None
+    interval = per_tx / rate
+    next_id, began = 10_000_000, time.monotonic()
+    ticks = int(seconds / interval)
+    for i in range(ticks):
+        lo, hi = next_id, next_id + per_tx - 1
+        psql.stdin.write(f"INSERT INTO narrow (id, a, b) SELECT g, 1, 'x' FROM generate_series({lo},{hi}) g;\n"
+                         .encode())
+        psql.stdin.flush()
+        next_id += per_tx
+        delay = began + (i + 1) * interval - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    psql.stdin.close()
+    psql.wait()
+    return ticks * per_tx
+
+
+def pg_rss(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    """Peak RSS streaming one huge transaction, and snapshotting a large table."""
+    work.mkdir(parents=True)
+    db = pg.create_database("bench_rss")
+    pg.psql(workloads.PG_NARROW, db)
+    pg.psql("CREATE TABLE big (LIKE narrow INCLUDING ALL)", db)
+    pg.psql("CREATE PUBLICATION cdcd FOR TABLE narrow", db)
+    pg.psql("SELECT pg_create_logical_replication_slot('rss', 'pgoutput')", db)
+    n_tx = sizes["rss_tx"]
+    pg.psql(f"INSERT INTO narrow (id, a, b) SELECT g, g % 1000, 'row ' || g FROM generate_series(1, {n_tx}) g", db)
+    stream_dir = work / "stream"
+    stream_dir.mkdir()
+    config = write_config(stream_dir / "cdcd.toml", _pg_source(pg, db, ["public.narrow"], slot="rss"), stream_dir,
+                          snapshot={"mode": "never"})
+    tx = run_daemon_until(config, stream_dir, n_tx)
+    n_snap = sizes["rss_snapshot"]
+    workloads_fill_big(pg, db, n_snap)
+    snap_dir = work / "snapshot"
+    snap_dir.mkdir()
+    config = write_config(snap_dir / "cdcd.toml", _pg_source(pg, db, ["public.big"], slot="big"), snap_dir,
+                          snapshot={"mode": "initial_only"})
+    snap = run_daemon_until(config, snap_dir, n_snap)
+    return [
+        {"measure": f"peak RSS, streaming one {n_tx:,}-row transaction", "unit": "MB",
+         "peak_rss_mb": round(tx.peak_rss_mb or 0, 1), "events_per_s": round(tx.rate, 1), "baseline": "none"},
+        {"measure": f"peak RSS, snapshot of a {n_snap:,}-row table", "unit": "MB",
+         "peak_rss_mb": round(snap.peak_rss_mb or 0, 1), "rows_per_s": round(snap.rate, 1), "baseline": "none"},
+    ]
+
+
+def workloads_fill_big(pg: PostgresServer, db: str, rows: int) -> None:
+    for lo in range(1, rows + 1, 1_000_000):
+        hi = min(lo + 999_999, rows)
+        pg.psql(f"INSERT INTO big (id, a, b) SELECT g, g % 1000, 'row ' || g FROM generate_series({lo}, {hi}) g", db)
+
+
+# -- Spark --------------------------------------------------------------------------------------------
+
+
+def spark_consumer(stream_work: Path, target: Path) -> list[Row]:
+    """Events/s applied to the mirror by ``cdcd spark run --once`` over the streaming run's landing zone."""
+    landing = stream_work / "landing"
+    from cdcd.sinks.landing import read_batches
+
+    events = sum(sum(t.num_rows for t in b.tables.values()) for b in read_batches(landing, verify=False))
+    began = time.perf_counter()
+    proc = subprocess.run([str(VENV_BIN / "cdcd"), "spark", "run", "--once", "--landing", str(landing),
+                           "--target", str(target)], capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"cdcd spark run failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return [{"measure": "Spark consumer, events applied to the mirror", "unit": "events/s",
+             "cdcd": round(events / seconds, 1), "cdcd_seconds": round(seconds, 2), "items": events,
+             "baseline": "none (includes Spark start-up)"}]
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    from cdcd.devservers import free_port
+
+    return free_port()
+
+
+def _wait_ready(port: int, daemon: Daemon, timeout: float = 60) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        if daemon.proc is not None and daemon.proc.poll() is not None:
+            raise RuntimeError(f"cdcd exited with {daemon.proc.returncode}:\n{daemon.tail()}")
+        time.sleep(0.1)
+    raise RuntimeError(f"cdcd was not ready within {timeout}s:\n{daemon.tail()}")
+
+
+def _wait_checkpoint(daemon: Daemon, timeout: float = 60) -> None:
+    """Wait until the daemon saved a first checkpoint (its slot and watermark are durable)."""
+    state = daemon.work / "state" / "checkpoint.json"
+    deadline = time.monotonic() + timeout
+    while not state.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no checkpoint within {timeout}s:\n{daemon.tail()}")
+        time.sleep(0.05)

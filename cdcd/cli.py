@@ -1,0 +1,336 @@
+"""The ``cdcd`` command line (docs/cli.md).
+
+Every command takes ``-c FILE`` (or ``CDCD_CONFIG``) where it needs the
+configuration. Exit codes are those of :mod:`cdcd.daemon.exitcodes`; a
+configuration error prints the ConfigError message and exits 78.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cdcd import __version__
+from cdcd.config import Config, load_config
+from cdcd.daemon.exitcodes import ExitCode, exit_code_for
+from cdcd.errors import CdcdError, StateError
+from cdcd.logging import configure_logging
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(args.config)
+
+
+def _quiet_logging(config: Config | None = None) -> None:
+    """One-shot commands log to stderr (warnings and up) so stdout stays clean for output."""
+    configure_logging("warning", config.log.format if config else "auto", stream="stderr")
+
+
+def _print_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, default=str, sort_keys=True))
+
+
+# -- run / check -----------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    configure_logging(config.log.level, config.log.format, stream="stdout")
+    from cdcd.daemon.lifecycle import run_daemon
+
+    return run_daemon(config, Path(args.config))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    print(f"ok    config: {args.config} is valid ({config.source.kind} source, {len(config.source.tables)} tables)")
+    from cdcd.runtime.interfaces import CheckResult
+
+    results: list[CheckResult]
+    try:
+        results = asyncio.run(_preflight(config))
+    except CdcdError as exc:
+        results = [CheckResult("connect", False, str(exc), "check source.host, port, user and the password")]
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'}  {r.name}: {r.detail}")
+        if not r.ok and r.fix:
+            print(f"      fix: {r.fix}")
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        print(f"{len(failed)} of {len(results)} checks failed: {', '.join(failed)}")
+        return ExitCode.FAILURE
+    print(f"all {len(results)} checks passed")
+    return ExitCode.OK
+
+
+async def _preflight(config: Config) -> list[Any]:
+    from cdcd.sources import make_source
+
+    source = make_source(config)
+    try:
+        return list(await source.preflight())
+    finally:
+        with contextlib.suppress(Exception):
+            await source.close()
+
+
+# -- status / stop ---------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    from cdcd.daemon.control import daemon_pid, fetch_status
+
+    live = fetch_status(config)
+    if live is not None:
+        doc: dict[str, Any] = {"running": True, **live}
+    else:
+        from cdcd.checkpoint.store import CheckpointStore
+
+        ckpt = CheckpointStore(config.state.path, config.state.keep_checkpoints).load()
+        doc = {
+            "running": daemon_pid(config) is not None,
+            "pid": daemon_pid(config),
+            "state": "unreachable" if daemon_pid(config) else "not running",
+            "checkpoint": None if ckpt is None else {**ckpt.body(), "path": str(config.state.path / "checkpoint.json")},
+        }
+    if args.json:
+        _print_json(doc)
+    else:
+        _print_status(doc)
+    return ExitCode.OK
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    from cdcd.daemon.progress import summary_line
+
+    if doc.get("stats") is not None:
+        print(f"cdcd {doc.get('version', '')} (pid {doc.get('pid')}): {summary_line(doc)}")
+        print(f"  ready: {'yes' if doc.get('ready') else 'no'}; uptime {doc.get('uptime_s')} s")
+    elif doc["running"]:
+        print(f"cdcd (pid {doc['pid']}) holds the state directory but its HTTP endpoint does not answer")
+    else:
+        print("cdcd is not running")
+    source = doc.get("source") or {}
+    for key in ("phase", "connected", "lag_ms", "slot_lag_bytes", "confirmed_flush_lsn", "binlog_file", "binlog_pos",
+                "gtid"):
+        if source.get(key) is not None:
+            print(f"  source.{key}: {source[key]}")
+    for table, t in sorted((source.get("snapshot") or {}).items()):
+        state = "done" if t.get("done") else "running"
+        print(f"  snapshot {table}: {t.get('rows', 0)} of ~{t.get('total_estimate', '?')} rows ({state})")
+    stats = doc.get("stats") or {}
+    if stats.get("last_error"):
+        print(f"  last error: {stats['last_error']}")
+    ckpt = doc.get("checkpoint")
+    if ckpt:
+        print(f"  checkpoint: batch {ckpt.get('batch_seq')}, {ckpt.get('event_count')} events, "
+              f"saved {ckpt.get('saved_at')}, position {json.dumps(ckpt.get('position'))}")
+    else:
+        print("  checkpoint: none yet")
+
+
+def _stop(args: argparse.Namespace, sig: signal.Signals, default_timeout: Callable[[Config], float]) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    from cdcd.daemon.control import signal_and_wait
+
+    timeout = args.timeout if args.timeout is not None else default_timeout(config)
+    pid, exited = signal_and_wait(config, sig, timeout)
+    if pid is None:
+        print(f"no cdcd daemon runs on {config.state.path}")
+        return ExitCode.OK
+    if not exited:
+        print(f"cdcd (pid {pid}) did not exit within {timeout:g}s", file=sys.stderr)
+        return ExitCode.STOP_TIMEOUT
+    print(f"cdcd (pid {pid}) stopped")
+    return ExitCode.OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    return _stop(args, signal.SIGTERM, lambda c: c.runtime.shutdown_grace_s + 30)
+
+
+def cmd_force_stop(args: argparse.Namespace) -> int:
+    return _stop(args, signal.SIGQUIT, lambda c: 30.0)
+
+
+# -- checkpoint ------------------------------------------------------------------------
+
+
+def _store(config: Config) -> Any:
+    from cdcd.checkpoint.store import CheckpointStore
+
+    return CheckpointStore(config.state.path, config.state.keep_checkpoints)
+
+
+def cmd_checkpoint_show(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    ckpt = _store(config).load()
+    if ckpt is None:
+        if args.json:
+            _print_json(None)
+        else:
+            print(f"no checkpoint in {config.state.path} yet")
+        return ExitCode.OK
+    _print_json({**ckpt.body(), "path": str(config.state.path / "checkpoint.json")})
+    return ExitCode.OK
+
+
+def cmd_checkpoint_list(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    store = _store(config)
+    rows = []
+    for path, entry in store.entries():
+        current = path == store.current_path
+        if isinstance(entry, CdcdError):
+            rows.append({"path": str(path), "current": current, "error": str(entry)})
+        else:
+            rows.append({"save_id": entry.save_id, "saved_at": entry.saved_at, "batch_seq": entry.batch_seq,
+                         "event_count": entry.event_count, "current": current, "path": str(path),
+                         "position": None if entry.position is None else str(entry.position)})
+    if args.json:
+        _print_json(rows)
+        return ExitCode.OK
+    if not rows:
+        print(f"no checkpoints in {config.state.path}")
+    for row in rows:
+        mark = "*" if row["current"] else " "
+        if "error" in row:
+            print(f"{mark} CORRUPT {row['path']}: {row['error']}")
+        else:
+            print(f"{mark} save {row['save_id']:>6}  {row['saved_at']}  batch {row['batch_seq']:>8}  "
+                  f"events {row['event_count']:>10}  {row['position']}")
+    return ExitCode.OK
+
+
+def cmd_checkpoint_rollback(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    try:
+        ckpt = _store(config).rollback(args.to)
+    except StateError as exc:
+        print(f"cdcd: {exc}", file=sys.stderr)
+        return ExitCode.STATE_DIR_LOCKED
+    print(f"rolled back: the current checkpoint is now save {ckpt.save_id} (copy of save {args.to}), "
+          f"batch {ckpt.batch_seq}, position {ckpt.position}")
+    print("events after that position are delivered again when the daemon starts")
+    return ExitCode.OK
+
+
+# -- spark / verify (implemented in cdcd.spark) ------------------------------------------
+
+
+def cmd_spark_run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, "auto", stream="stderr")
+    run = importlib.import_module("cdcd.spark.consumer").run  # the landing issue's module, loaded on use
+
+    return int(run(args.landing, args.target, args.once, args.format, args.checkpoint))
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    verify = importlib.import_module("cdcd.spark.verify").verify
+
+    return int(verify(config, args.target))
+
+
+# -- parser ----------------------------------------------------------------------------
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    default = os.environ.get("CDCD_CONFIG")
+    p.add_argument("-c", "--config", metavar="FILE", default=default, required=default is None,
+                   help="the TOML config file (default: $CDCD_CONFIG)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdcd", description="Change-data-capture daemon: PostgreSQL and MySQL/MariaDB into Apache Spark.",
+        epilog="Exit codes: 0 ok, 1 failed check, 2 usage, 3 force-stopped, 4 source fatal, 5 sink fatal, "
+               "6 checkpoint unusable, 7 state directory held by another daemon, 8 stop timed out, 78 config error. "
+               "See docs/cli.md.")
+    parser.add_argument("--version", action="version", version=f"cdcd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, func: Command, help_: str, parent: Any = sub) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help_, description=help_)
+        p.set_defaults(func=func)
+        return p
+
+    _add_config(command("run", cmd_run, "run the daemon in the foreground (systemd Type=notify, containers)"))
+    _add_config(command("check", cmd_check, "validate the config and preflight the source (settings, privileges)"))
+    p = command("status", cmd_status, "the daemon's state, positions, lag, snapshot progress and checkpoint")
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    for name, func, what in (("stop", cmd_stop, "SIGTERM: graceful stop"),
+                             ("force-stop", cmd_force_stop, "SIGQUIT: drop pending batches and stop at once")):
+        p = command(name, func, f"signal the daemon holding the state directory ({what}) and wait for it to exit")
+        _add_config(p)
+        p.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="how long to wait for the exit (default: stop: shutdown_grace_s + 30; force-stop: 30)")
+
+    ckpt = command("checkpoint", lambda a: ExitCode.USAGE, "inspect the checkpoint history and roll back")
+    ckpt_sub = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
+    p = command("show", cmd_checkpoint_show, "print the current checkpoint", ckpt_sub)
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="print JSON (the output is JSON already; kept for symmetry)")
+    p = command("list", cmd_checkpoint_list, "list the current and earlier checkpoints", ckpt_sub)
+    _add_config(p)
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p = command("rollback", cmd_checkpoint_rollback,
+                "make an earlier checkpoint current (refused while the daemon runs)", ckpt_sub)
+    _add_config(p)
+    p.add_argument("--to", type=int, required=True, metavar="SAVE_ID", help="save id from `cdcd checkpoint list`")
+
+    spark = command("spark", lambda a: ExitCode.USAGE, "the PySpark consumer of the landing zone")
+    spark_sub = spark.add_subparsers(dest="spark_command", metavar="ACTION", required=True)
+    p = command("run", cmd_spark_run, "merge landed batches into change-log tables and current-state mirrors",
+                spark_sub)
+    p.add_argument("--landing", required=True, metavar="PATH", help="the daemon's landing.path")
+    p.add_argument("--target", required=True, metavar="PATH", help="where the tables and mirrors are written")
+    p.add_argument("--once", action="store_true", help="process what is available, then exit")
+    p.add_argument("--format", default="parquet", metavar="FORMAT", help="table format of the target (parquet)")
+    p.add_argument("--checkpoint", metavar="PATH", help="Spark's checkpoint location (default: under TARGET)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    p = command("verify", cmd_verify, "compare every captured source table with its mirror; non-zero on drift")
+    _add_config(p)
+    p.add_argument("--target", required=True, metavar="PATH", help="the Spark consumer's --target")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = int(args.func(args))
+    except CdcdError as exc:
+        print(f"cdcd: {exc}", file=sys.stderr)
+        code = exit_code_for(exc)
+    except KeyboardInterrupt:
+        code = 130
+    return code
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

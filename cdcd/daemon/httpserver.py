@@ -1,0 +1,116 @@
+"""A small asyncio HTTP/1.1 server for /metrics, /healthz, /readyz and /status.
+
+Enough HTTP for Prometheus, kubelet/compose health checks and curl: GET and
+HEAD, one request per connection (``Connection: close``). No framework: the
+daemon must not grow a web stack for four read-only endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from cdcd.errors import ConfigError
+
+_log = structlog.get_logger("cdcd.http")
+_MAX_HEADER_BYTES = 16384
+_READ_TIMEOUT_S = 10.0
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+    @classmethod
+    def json(cls, status: int, doc: Any) -> Response:
+        return cls(status, (json.dumps(doc, default=str, indent=2) + "\n").encode(), "application/json")
+
+
+Handler = Callable[[], Awaitable[Response] | Response]
+
+
+class HttpServer:
+    def __init__(self, host: str, port: int, routes: dict[str, Handler]) -> None:
+        self.host, self.port = host, port
+        self.routes = routes
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        except OSError as exc:
+            hint = "another process listens there" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise ConfigError(
+                f"http.listen {self.host}:{self.port}: cannot listen ({hint}); "
+                "set http.listen to a free address, or to \"\" to turn the HTTP endpoints off"
+            ) from exc
+        sock = self._server.sockets[0].getsockname()
+        self.port = int(sock[1])
+        _log.info("http listening", address=f"{self.host}:{self.port}", endpoints=sorted(self.routes))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
+            method, path = _parse_request_line(head)
+            response = await self._dispatch(method, path)
+            await _write(writer, response, include_body=method != "HEAD")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            pass  # a client that went away or sent garbage gets nothing more
+        except ValueError:
+            with contextlib.suppress(ConnectionError):
+                await _write(writer, Response(400, b"bad request\n"), include_body=True)
+        except Exception as exc:  # an endpoint bug must not take the daemon down
+            _log.error("http handler failed", error=str(exc), error_type=type(exc).__name__)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _dispatch(self, method: str, path: str) -> Response:
+        handler = self.routes.get(path.split("?", 1)[0])
+        if handler is None:
+            return Response(404, f"not found; endpoints: {', '.join(sorted(self.routes))}\n".encode())
+        if method not in ("GET", "HEAD"):
+            return Response(405, b"only GET and HEAD\n")
+        result = handler()
+        return await result if not isinstance(result, Response) else result
+
+
+def _parse_request_line(head: bytes) -> tuple[str, str]:
+    if len(head) > _MAX_HEADER_BYTES:
+        raise ValueError("request header too large")
+    line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = line.split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise ValueError(f"malformed request line {line!r}")
+    return parts[0], parts[1]
+
+
+async def _write(writer: asyncio.StreamWriter, response: Response, include_body: bool) -> None:
+    reason = _REASONS.get(response.status, "")
+    head = (
+        f"HTTP/1.1 {response.status} {reason}\r\n"
+        f"Content-Type: {response.content_type}\r\n"
+        f"Content-Length: {len(response.body)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    writer.write(head + (response.body if include_body else b""))
+    await writer.drain()

@@ -1,0 +1,60 @@
+"""The one error hierarchy of cdcd.
+
+Every error says what was wrong, where, and how to fix it. ``Fatal`` variants
+must not be retried: the runtime stops and the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+
+class CdcdError(Exception):
+    """Base of every error cdcd raises on purpose."""
+
+    #: True for errors that must not be retried.
+    fatal: bool = False
+
+
+class ConfigError(CdcdError):
+    """The configuration is invalid. Always fatal: retrying cannot fix it."""
+
+    fatal = True
+
+
+class SourceError(CdcdError):
+    """A source failed in a way that a reconnect may cure."""
+
+
+class SourceFatal(SourceError):
+    """A source failed in a way no retry can cure (slot gone, binlog purged, auth)."""
+
+    fatal = True
+
+
+class CheckpointError(CdcdError):
+    """The checkpoint could not be saved; the next ack retries."""
+
+
+class CheckpointFatal(CheckpointError):
+    """The checkpoint is corrupt or unusable."""
+
+    fatal = True
+
+
+class StateDirLocked(CheckpointFatal):
+    """Another daemon holds the state directory's lock."""
+
+
+class StateError(CdcdError):
+    """A lifecycle call is not allowed in the current state."""
+
+
+class StateFatal(StateError):
+    fatal = True
+
+
+class SinkError(CdcdError):
+    """The sink failed to land a batch; the batch may be retried."""
+
+
+class SinkFatal(SinkError):
+    fatal = True

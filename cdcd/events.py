@@ -1,0 +1,146 @@
+"""The event model shared by every source, the runtime and the sinks.
+
+A source turns the database's change stream into ``ChangeEvent`` values (row
+changes) and ``Mark`` values (position-only progress such as heartbeats or
+"table snapshot finished"). Both are ``Item``s: totally ordered by position,
+batched by the runtime and committed through the commit barrier. Only
+``ChangeEvent``s are landed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from cdcd.positions import Position
+
+
+class Op(enum.StrEnum):
+    """The `_cdc_op` codes of the landing format."""
+
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    READ = "r"  # snapshot row
+    TRUNCATE = "t"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TableId:
+    """A captured table. For MySQL/MariaDB ``schema`` is the database name."""
+
+    schema: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> TableId:
+        schema, sep, name = text.partition(".")
+        if not sep or not schema or not name or "." in name:
+            raise ValueError(f"table {text!r} must be written as 'schema.table'")
+        return cls(schema, name)
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column as landed: its name, its Arrow type and the source's type name."""
+
+    name: str
+    type: pa.DataType
+    source_type: str
+    nullable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """A table's shape at some point of the stream.
+
+    ``version`` increases with every schema change the source sees, so sinks
+    can tell cheaply whether two events share a schema.
+    """
+
+    table: TableId
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]
+    version: int = 0
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(f"column {name!r} is not in {self.table}")
+
+
+Row = dict[str, Any]
+
+
+@dataclass(slots=True)
+class ChangeEvent:
+    """One row change.
+
+    ``after`` holds the new row for c/u/r; ``before`` the old row (or at least
+    its key) for u/d where the source has it. ``unavailable`` names columns
+    whose new value the source did not send (unchanged TOAST): they are not
+    NULL, they are unknown, and consumers keep the old value.
+    """
+
+    op: Op
+    schema: TableSchema
+    position: Position
+    before: Row | None = None
+    after: Row | None = None
+    tx_id: str | None = None
+    commit_ts: datetime | None = None
+    snapshot: bool = False
+    unavailable: tuple[str, ...] = ()
+
+    @property
+    def table(self) -> TableId:
+        return self.schema.table
+
+    def key_of(self, row: Row | None) -> tuple[Any, ...] | None:
+        if row is None:
+            return None
+        return tuple(row.get(k) for k in self.schema.key)
+
+    @property
+    def key(self) -> tuple[Any, ...] | None:
+        """The key after the change (the deleted key for deletes)."""
+        if self.op is Op.DELETE:
+            return self.key_of(self.before)
+        return self.key_of(self.after)
+
+    @property
+    def before_key(self) -> tuple[Any, ...] | None:
+        """The old key of an update that changed the key, else None."""
+        if self.op is not Op.UPDATE or self.before is None or not self.schema.key:
+            return None
+        old = self.key_of(self.before)
+        return old if old != self.key_of(self.after) else None
+
+
+@dataclass(slots=True)
+class Mark:
+    """A position-only item: progress the checkpoint must record, nothing to land.
+
+    ``kind`` is source-defined (``heartbeat``, ``commit``, ``snapshot_table_done``,
+    ``snapshot_done``, ``schema``...); ``detail`` carries what the source's
+    ``fold`` needs to update its durable state.
+    """
+
+    kind: str
+    position: Position
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+Item = ChangeEvent | Mark

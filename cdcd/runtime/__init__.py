@@ -1,0 +1,1 @@
+"""The runtime: state machine, commit barrier, batching and handoff driver."""

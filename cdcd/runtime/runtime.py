@@ -1,0 +1,454 @@
+"""The runtime: drives a source into a sink through the commit barrier.
+
+Four tasks make the pipeline:
+
+* the reader pulls items from ``source.stream()``, drops those the
+  checkpoint already covers, and fills the open batch;
+* the timer seals the open batch when it is old enough and ticks the
+  watchdog;
+* the deliverer hands sealed batches to the sink in seq order, waiting for a
+  free in-flight slot first (backpressure reaches the reader through the
+  bounded hand-off queue);
+* the acker receives acks, and for the contiguous acked prefix saves the
+  checkpoint, then tells the source (``confirm``) and the sink (``committed``).
+
+``start``/``stop``/``force_stop`` follow the state table of DESIGN.md
+section 2; ``stop`` and ``force_stop`` mirror asyncpg's ``close`` and
+``terminate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import structlog
+
+from cdcd.checkpoint.store import Checkpoint, CheckpointStore
+from cdcd.config import Config
+from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
+from cdcd.events import ChangeEvent, Item
+from cdcd.positions import Position
+from cdcd.runtime.barrier import CommitBarrier
+from cdcd.runtime.batcher import Batcher
+from cdcd.runtime.interfaces import Batch, ResumePoint, Sink, Source
+from cdcd.runtime.state import RuntimeState
+
+__all__ = ["Runtime", "RuntimeState", "RuntimeStats"]
+
+_BACKOFF_START_S = 0.5
+
+
+@dataclass
+class RuntimeStats:
+    """Counters for /status and /metrics; read at scrape time."""
+
+    events_seen: int = 0
+    events_committed: int = 0
+    events_skipped: int = 0
+    batches_delivered: int = 0
+    batches_inflight: int = 0
+    max_inflight_batches: int = 0
+    queue_size: int = 0
+    queue_capacity: int = 0
+    committed_batch_seq: int = 0
+    committed_position: str | None = None
+    checkpoint_saved_at: float | None = None
+    checkpoint_failures: int = 0
+    source_reconnects: int = 0
+    last_error: str | None = None
+    last_tick: float = field(default_factory=time.monotonic)
+    table_events: dict[str, int] = field(default_factory=dict)
+
+
+class Runtime:
+    def __init__(self, config: Config, source: Source, sink: Sink, store: CheckpointStore | None = None) -> None:
+        self.config = config
+        self.source = source
+        self.sink = sink
+        self.store = store or CheckpointStore(config.state.path, config.state.keep_checkpoints)
+        self.state = RuntimeState.IDLE
+        self.stats = RuntimeStats(
+            max_inflight_batches=config.runtime.max_inflight_batches, queue_capacity=_handoff_capacity()
+        )
+        self.on_tick: Callable[[], None] | None = None
+        self._log = structlog.get_logger("cdcd.runtime").bind(source=config.source.kind)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._done: asyncio.Future[None] | None = None
+        self._commit_lock = asyncio.Lock()
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the checkpoint, connect the source and start the pipeline."""
+        if self.state is RuntimeState.RUNNING:
+            raise StateError("runtime already started")
+        if self.state is RuntimeState.STOPPING:
+            raise StateError("runtime is currently stopping; wait for it to stop before starting it again")
+        self.store.lock()
+        try:
+            await self._prepare()
+        except BaseException:
+            self.source.terminate()
+            with contextlib.suppress(Exception):
+                await self.sink.close()
+            self.store.unlock()
+            raise
+        self._done = asyncio.get_running_loop().create_future()
+        self.state = RuntimeState.RUNNING
+        for name, coro in (("reader", self._read()), ("timer", self._time()),
+                           ("deliverer", self._deliver()), ("acker", self._ack())):
+            self._spawn(name, coro)
+        self._log.info("runtime started", batch=self._next_seq - 1,
+                       position=str(self._checkpoint.position) if self._checkpoint.position else None)
+
+    async def _prepare(self) -> None:
+        ckpt = self.store.load()
+        kind = self.source.kind
+        if ckpt is not None and ckpt.source_kind != kind:
+            raise CheckpointFatal(
+                f"checkpoint {self.store.current_path} belongs to a {ckpt.source_kind} source but source.kind is "
+                f"{kind}; give this source its own state.path"
+            )
+        self._checkpoint = ckpt or Checkpoint(source_kind=kind)
+        landed = await self.sink.open()
+        # Batches landed before a crash but never checkpointed keep their seqs: never reuse them.
+        self._next_seq = max(self._checkpoint.batch_seq, landed) + 1
+        self._barrier = CommitBarrier(self._next_seq - 1, self._checkpoint.event_count,
+                                      self.config.runtime.max_inflight_batches)
+        self._source_state = dict(self._checkpoint.source_state)
+        self._skip_upto: Position | None = self._checkpoint.position
+        self._batcher = Batcher(self.config.landing.max_batch_events, self.config.landing.max_batch_delay_ms / 1000)
+        self._handoff: asyncio.Queue[Batch] = asyncio.Queue(maxsize=_handoff_capacity())
+        self._batch_opened = asyncio.Event()
+        self.stats.events_committed = self._checkpoint.event_count
+        self.stats.committed_batch_seq = self._checkpoint.batch_seq
+        self.stats.committed_position = self._checkpoint.position.encoded if self._checkpoint.position else None
+        await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
+
+    async def wait(self) -> None:
+        """Wait for the pipeline to end; re-raise the error that ended it."""
+        if self._done is None:
+            raise StateError("runtime was never started")
+        await asyncio.shield(self._done)
+
+    async def stop(self) -> None:
+        """Graceful stop: stop reading, land what was read, wait for acks, checkpoint, close."""
+        if self.state is RuntimeState.IDLE:
+            self.state = RuntimeState.STOPPED
+            return
+        if self.state is RuntimeState.STOPPED:
+            return
+        if self.state is RuntimeState.STOPPING:
+            raise StateError("runtime is currently stopping")
+        self.state = RuntimeState.STOPPING
+        grace = self.config.runtime.shutdown_grace_s
+        try:
+            await self._pause_reading()
+            try:
+                await asyncio.wait_for(self._flush_and_drain(), grace)
+            except TimeoutError:
+                self.state = RuntimeState.RUNNING  # reading stays paused; force_stop() may follow
+                pending = self._pending_events()
+                raise StateError(
+                    f"{pending} uncommitted events remain after the {grace:g}s grace period "
+                    "(batches not acknowledged yet); call force_stop() to drop them, or wait and stop again"
+                ) from None
+        except asyncio.CancelledError:
+            if self.state is RuntimeState.STOPPING:
+                self.state = RuntimeState.RUNNING
+            raise
+        await self._shutdown(graceful=True)
+
+    async def force_stop(self) -> list[ChangeEvent]:
+        """Stop at once: drop pending batches (returned); the checkpoint stays at the last acked batch."""
+        if self.state is RuntimeState.IDLE:
+            self.state = RuntimeState.STOPPED
+            return []
+        if self.state is RuntimeState.STOPPED:
+            return []
+        if self.state is RuntimeState.STOPPING:
+            raise StateError("runtime is currently stopping")
+        self.state = RuntimeState.STOPPING
+        await self._cancel_tasks()
+        dropped: list[Item] = []
+        for batch in self._barrier.drop_all():
+            dropped.extend(batch.items)
+        while not self._handoff.empty():
+            dropped.extend(self._handoff.get_nowait().items)
+        dropped.extend(self._batcher.items)
+        self._batcher.items = []
+        events = [i for i in dropped if type(i) is ChangeEvent]
+        self._log.warning("force stop: pending events dropped", dropped_events=len(events),
+                          committed_batch=self._barrier.committed_seq)
+        await self._shutdown(graceful=False)
+        return events
+
+    # -- status -----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        self._refresh_gauges()
+        ckpt = getattr(self, "_checkpoint", None)
+        return {
+            "state": self.state.value,
+            "stats": asdict(self.stats),
+            "source": self.source.status(),
+            "checkpoint": None if ckpt is None else {
+                "save_id": ckpt.save_id,
+                "saved_at": ckpt.saved_at,
+                "batch_seq": ckpt.batch_seq,
+                "event_count": ckpt.event_count,
+                "position": None if ckpt.position is None else ckpt.position.to_json(),
+                "path": str(self.store.current_path),
+            },
+        }
+
+    def _refresh_gauges(self) -> None:
+        if hasattr(self, "_barrier"):
+            self.stats.batches_inflight = self._barrier.inflight
+            self.stats.queue_size = self._handoff.qsize()
+
+    # -- pipeline tasks -----------------------------------------------------------------
+
+    async def _read(self) -> None:
+        delay = _BACKOFF_START_S
+        while True:
+            try:
+                await self._read_stream()
+                break
+            except SourceError as exc:
+                if exc.fatal:
+                    raise
+                self.stats.last_error = str(exc)
+                self.stats.source_reconnects += 1
+                self._log.warning("source error, reconnecting", error=str(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.runtime.reconnect_max_s)
+                self.source.terminate()
+                await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
+        # The source ended (snapshot.mode = initial_only): land the rest and stop gracefully.
+        self._log.info("source stream ended; stopping after the last batch is committed")
+        asyncio.get_running_loop().create_task(self._stop_after_end())
+
+    async def _read_stream(self) -> None:
+        batcher, stats, opened = self._batcher, self.stats, self._batch_opened
+        async for item in self.source.stream():
+            if type(item) is ChangeEvent:
+                if not item.snapshot:
+                    # Positions of one source kind compare; the checkpoint's kind was checked at start.
+                    if self._skip_upto is not None and item.position <= self._skip_upto:  # type: ignore[operator]
+                        stats.events_skipped += 1
+                        continue
+                    self._skip_upto = item.position
+                stats.events_seen += 1
+            if not batcher.items:
+                opened.set()  # wake the timer: this batch is due max_batch_delay_ms from now
+            batcher.add(item)
+            if batcher.full:
+                await self._handoff.put(self._seal())
+
+    async def _stop_after_end(self) -> None:
+        with contextlib.suppress(StateError):
+            await self.stop()
+
+    async def _time(self) -> None:
+        while True:
+            left = self._batcher.time_left()
+            if left is None:
+                self._batch_opened.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._batch_opened.wait(), 1.0)
+            else:
+                await asyncio.sleep(min(1.0, max(left, 0.0)))
+            self.stats.last_tick = time.monotonic()
+            if self.on_tick is not None:
+                self.on_tick()
+            left = self._batcher.time_left()
+            # Never block here: the watchdog must keep ticking while backpressure holds the reader.
+            due = left is not None and left <= 0 and not self._handoff.full()
+            if due and self.state is RuntimeState.RUNNING and "reader" in self._tasks:
+                self._handoff.put_nowait(self._seal())
+
+    def _seal(self) -> Batch:
+        batch = self._batcher.seal(self._next_seq)
+        self._next_seq += 1
+        return batch
+
+    async def _deliver(self) -> None:
+        while True:
+            batch = await self._handoff.get()
+            try:
+                await self._barrier.reserve()
+                self._barrier.add(batch)
+                if batch.event_count:
+                    await self._deliver_with_retry(batch)
+                    self.stats.batches_delivered += 1
+                else:  # only marks: nothing to land, progress to checkpoint
+                    self._barrier.ack(batch.seq)
+                    await self._commit()
+            finally:
+                self._handoff.task_done()
+
+    async def _deliver_with_retry(self, batch: Batch) -> None:
+        delay = _BACKOFF_START_S
+        while True:
+            try:
+                await self.sink.deliver(batch)
+                return
+            except SinkError as exc:
+                if exc.fatal:
+                    raise
+                self.stats.last_error = str(exc)
+                self._log.warning("landing the batch failed, retrying", batch=batch.seq, error=str(exc),
+                                  retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.runtime.reconnect_max_s)
+
+    async def _ack(self) -> None:
+        async for seq in self.sink.acks():
+            if self._barrier.ack(seq):
+                await self._commit()
+        # Only close() ends the acks; ending while running would silently stall the pipeline.
+        raise SinkError("the sink stopped acknowledging batches while the runtime was running")
+
+    async def _commit(self) -> None:
+        """Checkpoint the contiguous acked prefix, then tell the source and the sink."""
+        async with self._commit_lock:
+            batches = self._barrier.committable()
+            if not batches:
+                return
+            items = [item for batch in batches for item in batch.items]
+            state = self.source.fold(self._source_state, items)
+            last = batches[-1]
+            events = sum(b.event_count for b in batches)
+            ckpt = Checkpoint(
+                source_kind=self.source.kind,
+                batch_seq=last.seq,
+                event_count=self._barrier.committed_events + events,
+                position=last.last_position,
+                source_state=state,
+            )
+            try:
+                ckpt = await asyncio.to_thread(self.store.save, ckpt)
+            except CheckpointError as exc:
+                self.stats.checkpoint_failures += 1
+                self.stats.last_error = str(exc)
+                self._log.error("checkpoint save failed; the next ack retries", error=str(exc), batch=last.seq)
+                return
+            self._checkpoint, self._source_state = ckpt, state
+            await self._barrier.mark_durable(batches)
+            self._count_committed(batches, ckpt)
+            if ckpt.position is not None:
+                await self.source.confirm(ckpt.position, state)
+            try:
+                await self.sink.committed(last.seq)
+            except SinkError as exc:
+                if exc.fatal:
+                    raise
+                # Retention is housekeeping: the data is safe, the next commit tries again.
+                self.stats.last_error = str(exc)
+                self._log.warning("landing retention failed; retried at the next commit", error=str(exc))
+
+    def _count_committed(self, batches: list[Batch], ckpt: Checkpoint) -> None:
+        stats = self.stats
+        stats.events_committed = ckpt.event_count
+        stats.committed_batch_seq = ckpt.batch_seq
+        stats.committed_position = ckpt.position.encoded if ckpt.position else None
+        stats.checkpoint_saved_at = time.time()
+        per_table = stats.table_events
+        for batch in batches:
+            for item in batch.items:
+                if type(item) is ChangeEvent:
+                    name = str(item.schema.table)
+                    per_table[name] = per_table.get(name, 0) + 1
+        self._log.debug("checkpoint saved", batch=ckpt.batch_seq, position=str(ckpt.position),
+                        events=ckpt.event_count)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=f"cdcd-{name}")
+        self._tasks[name] = task
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self.state is not RuntimeState.STOPPED:
+            asyncio.get_running_loop().create_task(self._fail(exc))
+
+    async def _fail(self, exc: BaseException) -> None:
+        if self.state is RuntimeState.STOPPED:
+            return
+        self.state = RuntimeState.STOPPING
+        self.stats.last_error = str(exc)
+        self._log.error("pipeline failed", error=str(exc), fatal=getattr(exc, "fatal", True),
+                        error_type=type(exc).__name__)
+        await self._cancel_tasks()
+        await self._shutdown(graceful=False, error=exc)
+
+    async def _pause_reading(self) -> None:
+        reader = self._tasks.pop("reader", None)
+        if reader is not None and not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _flush_and_drain(self) -> None:
+        """Hand the open batch to the deliverer, then wait until everything is committed."""
+        while self._batcher.items:
+            if self._handoff.full():
+                await asyncio.sleep(0.05)  # seal only when it can be queued: a cancel never loses a sealed batch
+            else:
+                self._handoff.put_nowait(self._seal())
+        await self._handoff.join()
+        while self._barrier.inflight:
+            if self._barrier.committable():
+                await self._commit()  # retries a save that failed earlier
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._barrier.wait_drained(), 1.0)
+
+    def _pending_events(self) -> int:
+        queued = sum(b.event_count for b in self._handoff._queue)  # type: ignore[attr-defined]
+        return self._barrier.pending_events + queued + self._batcher.events
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in self._tasks.values() if t is not asyncio.current_task()]
+        self._tasks.clear()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    async def _shutdown(self, graceful: bool, error: BaseException | None = None) -> None:
+        await self._cancel_tasks()
+        try:
+            if graceful:
+                await self.source.close()
+            else:
+                self.source.terminate()
+        finally:
+            try:
+                await self.sink.close()
+            finally:
+                self.store.unlock()
+                self.state = RuntimeState.STOPPED
+                if self._done is not None and not self._done.done():
+                    if error is None:
+                        self._done.set_result(None)
+                    else:
+                        self._done.set_exception(error)
+                self._log.info("runtime stopped", graceful=graceful, committed_batch=self._barrier.committed_seq,
+                               events_committed=self.stats.events_committed)
+
+
+def _handoff_capacity() -> int:
+    """Sealed batches waiting for an in-flight slot: one is enough to keep the sink busy."""
+    return 1
+

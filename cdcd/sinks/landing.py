@@ -1,0 +1,315 @@
+"""The landing zone sink: every batch as Parquet files plus a manifest, atomically.
+
+Write order (each step durable before the next): data files under temporary
+names, fsync, rename; fsync ``data/``; manifest under a temporary name,
+fsync, rename; fsync ``manifests/``. A reader lists ``manifests/`` only, so a
+crash at any point leaves the whole batch or nothing visible; ``open()``
+removes the temp files and orphaned data files such a crash leaves.
+
+Acks: ``landed`` acks right after the manifest is durable; ``consumed`` acks
+when the consumer's marker ``consumed/<seq>`` appears. Retention removes
+batches that are consumed, checkpointed and older than ``retention_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdcd.errors import SinkError, SinkFatal
+from cdcd.events import ChangeEvent, TableId, TableSchema
+from cdcd.fsutil import fsync_dir, write_durably
+from cdcd.runtime.interfaces import Batch, Sink
+from cdcd.sinks import layout
+from cdcd.sinks.arrow import describe_schema, events_to_table
+from cdcd.sinks.layout import CONSUMED, DATA, MANIFESTS
+from cdcd.sinks.manifest import canonical, load_manifest, seal
+
+AckMode = Literal["landed", "consumed"]
+
+#: How often the consumed-mode watcher looks for markers.
+POLL_S = 0.1
+
+
+def _group(batch: Batch) -> list[tuple[TableSchema, list[tuple[int, ChangeEvent]]]]:
+    """Events per (table, schema version), in order of first appearance."""
+    groups: dict[tuple[TableId, int], tuple[TableSchema, list[tuple[int, ChangeEvent]]]] = {}
+    for index, event in enumerate(batch.events):
+        slot = groups.setdefault((event.table, event.schema.version), (event.schema, []))
+        slot[1].append((index, event))
+    return list(groups.values())
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="snappy")
+    return bytes(sink.getvalue().to_pybytes())
+
+
+class LandingWriter:
+    """The synchronous, durable half of the sink (runs in a worker thread)."""
+
+    def __init__(self, path: Path, run_id: str, source_kind: str = "") -> None:
+        self.path = path
+        self.run_id = run_id
+        self.source_kind = source_kind
+
+    @property
+    def dirs(self) -> tuple[Path, Path, Path]:
+        return self.path / MANIFESTS, self.path / DATA, self.path / CONSUMED
+
+    def prepare(self) -> int:
+        """Create the layout, remove crash leftovers, return the highest landed seq."""
+        for d in (self.path, *self.dirs):
+            d.mkdir(parents=True, exist_ok=True)
+        manifests, data, consumed = self.dirs
+        for d in self.dirs:
+            for entry in os.scandir(d):
+                if layout.is_temp(entry.name):
+                    os.unlink(entry.path)
+        landed = set(layout.seqs_in(manifests))
+        for entry in os.scandir(data):
+            seq = layout.data_seq(entry.name)
+            if seq is not None and seq not in landed:  # renamed before the crash, manifest never followed
+                os.unlink(entry.path)
+        markers = [s for s in (layout.consumed_seq(e.name) for e in os.scandir(consumed)) if s is not None]
+        for seq in markers:
+            if seq not in landed:  # retention was interrupted after removing the manifest
+                os.unlink(consumed / layout.consumed_name(seq))
+        for d in (self.path, *self.dirs):
+            fsync_dir(d)
+        return max([*landed, *markers], default=0)
+
+    def stage(self, batch: Batch) -> dict[str, Any]:
+        """Write the data files durably; return the manifest that will publish them."""
+        _, data, _ = self.dirs
+        files: list[dict[str, Any]] = []
+        positions: list[str] = []
+        for n, (schema, indexed) in enumerate(_group(batch)):
+            table = events_to_table(schema, batch.seq, indexed)
+            blob = _parquet_bytes(table)
+            name = layout.data_name(batch.seq, n)
+            write_durably(data / name, blob, sync_dir=False)
+            pos = [e.position.encoded for _, e in indexed]
+            positions.extend(pos)
+            files.append(
+                {
+                    "path": f"{DATA}/{name}",
+                    "table": describe_schema(schema),
+                    "rows": table.num_rows,
+                    "bytes": len(blob),
+                    "sha256": hashlib.sha256(blob).hexdigest(),
+                    "first_position": min(pos),
+                    "last_position": max(pos),
+                }
+            )
+        fsync_dir(data)
+        return seal(
+            {
+                "format": layout.FORMAT_NAME,
+                "version": layout.FORMAT_VERSION,
+                "batch_seq": batch.seq,
+                "run_id": self.run_id,
+                "source_kind": self.source_kind,
+                "created_at": datetime.now(UTC).isoformat(),
+                "event_count": len(positions),
+                "first_position": min(positions) if positions else None,
+                "last_position": max(positions) if positions else None,
+                "files": files,
+            }
+        )
+
+    def publish(self, manifest: dict[str, Any]) -> None:
+        manifests, _, _ = self.dirs
+        write_durably(manifests / layout.manifest_name(manifest["batch_seq"]), canonical(manifest))
+
+    def land(self, batch: Batch) -> dict[str, Any]:
+        manifest = self.stage(batch)
+        self.publish(manifest)
+        return manifest
+
+    def consumed(self, seqs: set[int]) -> set[int]:
+        _, _, consumed = self.dirs
+        return {s for s in seqs if (consumed / layout.consumed_name(s)).exists()}
+
+    def expire(self, upto: int, retention_s: float, now: float) -> list[int]:
+        """Remove consumed batches with seq <= ``upto`` whose marker is older than the retention."""
+        manifests, data, consumed = self.dirs
+        removed = []
+        for seq in layout.seqs_in(manifests):
+            if seq > upto:
+                break
+            marker = consumed / layout.consumed_name(seq)
+            try:
+                consumed_at = marker.stat().st_mtime
+            except FileNotFoundError:
+                continue  # never remove a batch the consumer has not committed
+            if now - consumed_at < retention_s:
+                continue
+            (manifests / layout.manifest_name(seq)).unlink()  # invisible first, then the rest
+            removed.append(seq)
+        if removed:
+            fsync_dir(manifests)
+            gone = set(removed)
+            for entry in os.scandir(data):
+                if layout.data_seq(entry.name) in gone:
+                    os.unlink(entry.path)
+            for seq in removed:
+                (consumed / layout.consumed_name(seq)).unlink(missing_ok=True)
+        return removed
+
+
+class LandingSink(Sink):
+    """Lands batches in a directory for the Spark consumer (DESIGN.md section 5)."""
+
+    def __init__(
+        self, path: Path | str, ack: AckMode = "landed", retention_s: float = 86400.0, source_kind: str = ""
+    ) -> None:
+        self.path = Path(path)
+        self.ack = ack
+        self.retention_s = retention_s
+        self.run_id = uuid.uuid4().hex
+        self._writer = LandingWriter(self.path, self.run_id, source_kind)
+        self._acks: asyncio.Queue[int | None] = asyncio.Queue()
+        self._pending: set[int] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._closed = False
+        self.landed_seq = 0
+
+    async def open(self) -> int:
+        # A sink may be opened again after close() (the runtime restarts from stopped): start afresh.
+        self._acks = asyncio.Queue()
+        self._pending.clear()
+        self._closed = False
+        try:
+            self.landed_seq = await asyncio.to_thread(self._writer.prepare)
+        except OSError as exc:
+            raise SinkFatal(
+                f"landing zone {self.path}: cannot prepare it: {exc}; check that the directory is writable "
+                "by the daemon's user (landing.path)"
+            ) from exc
+        if self.ack == "consumed":
+            self._watcher = asyncio.create_task(self._watch_consumed(), name="landing-consumed-watcher")
+        return self.landed_seq
+
+    async def deliver(self, batch: Batch) -> None:
+        if batch.seq <= self.landed_seq:
+            raise SinkFatal(
+                f"landing zone {self.path}: batch {batch.seq} is not above the last landed batch "
+                f"{self.landed_seq}; batch seqs must never be reused"
+            )
+        try:
+            await asyncio.to_thread(self._writer.land, batch)
+        except OSError as exc:
+            raise SinkError(f"landing zone {self.path}: batch {batch.seq} could not be landed: {exc}") from exc
+        self.landed_seq = batch.seq
+        if self.ack == "landed":
+            self._acks.put_nowait(batch.seq)
+        else:
+            self._pending.add(batch.seq)
+
+    async def _watch_consumed(self) -> None:
+        while not self._closed:
+            if self._pending:
+                done = await asyncio.to_thread(self._writer.consumed, set(self._pending))
+                for seq in sorted(done):
+                    self._pending.discard(seq)
+                    self._acks.put_nowait(seq)
+            await asyncio.sleep(POLL_S)
+
+    async def acks(self) -> AsyncIterator[int]:
+        while True:
+            seq = await self._acks.get()
+            if seq is None:
+                return
+            yield seq
+
+    async def committed(self, batch_seq: int) -> None:
+        try:
+            await asyncio.to_thread(self._writer.expire, batch_seq, self.retention_s, time.time())
+        except OSError as exc:
+            raise SinkError(f"landing zone {self.path}: retention cleanup failed: {exc}") from exc
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        self._acks.put_nowait(None)
+
+
+# ---- helpers for consumers and tests -------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LandedFile:
+    table: TableId
+    schema: dict[str, Any]
+    data: pa.Table
+
+
+@dataclass(slots=True)
+class LandedBatch:
+    seq: int
+    manifest: dict[str, Any]
+    files: list[LandedFile] = field(default_factory=list)
+    consumed: bool = False
+
+    @property
+    def tables(self) -> dict[TableId, pa.Table]:
+        """One Arrow table per source table (files of several schema versions are unified)."""
+        out: dict[TableId, list[pa.Table]] = {}
+        for f in self.files:
+            out.setdefault(f.table, []).append(f.data)
+        return {t: pa.concat_tables(parts, promote_options="permissive") for t, parts in out.items()}
+
+
+def landed_seqs(path: Path | str) -> list[int]:
+    """Seqs of the visible batches, ascending (they may have gaps)."""
+    return layout.seqs_in(Path(path) / MANIFESTS)
+
+
+def read_batch(path: Path | str, seq: int, verify: bool = True) -> LandedBatch:
+    root = Path(path)
+    manifest = load_manifest(root / MANIFESTS / layout.manifest_name(seq))
+    batch = LandedBatch(seq, manifest, consumed=(root / CONSUMED / layout.consumed_name(seq)).exists())
+    for entry in manifest["files"]:
+        blob = (root / entry["path"]).read_bytes()
+        if verify and hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+            raise SinkFatal(f"landing zone {root}: {entry['path']} does not match its checksum in batch {seq}")
+        t = entry["table"]
+        batch.files.append(LandedFile(TableId(t["schema"], t["name"]), t, pq.read_table(pa.BufferReader(blob))))
+    return batch
+
+
+def read_batches(path: Path | str, verify: bool = True) -> list[LandedBatch]:
+    """Every visible batch in seq order, with its manifest and data."""
+    return [read_batch(path, seq, verify) for seq in landed_seqs(path)]
+
+
+def mark_consumed(path: Path | str, seq: int) -> None:
+    """Record durably that the consumer has committed batch ``seq`` into its target."""
+    consumed = Path(path) / CONSUMED
+    consumed.mkdir(parents=True, exist_ok=True)
+    write_durably(consumed / layout.consumed_name(seq), f"{time.time():.6f}\n".encode())
+
+
+def consumed_seqs(path: Path | str) -> list[int]:
+    d = Path(path) / CONSUMED
+    if not d.is_dir():
+        return []
+    return sorted(s for s in (layout.consumed_seq(e.name) for e in os.scandir(d)) if s is not None)

@@ -1,0 +1,287 @@
+"""Binlog events → ChangeEvents and Marks: a pure function of pymysqlreplication events.
+
+The decoder keeps only what the binlog itself says: the current file, where
+the open transaction started, its GTID, the GTID set of completed
+transactions, and the schema history. Positions are
+``(file, transaction start, seq)`` with seq counting the transaction's items
+from 1; every item of a transaction carries the GTID set *before* it, its
+``commit`` Mark the set *including* it, so resuming by GTID from any item
+restarts at (or right after) its transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pymysqlreplication import event as bl
+from pymysqlreplication import row_event as rows
+from pymysqlreplication.constants import NONE_SOURCE
+
+from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, TableSchema
+from cdcd.positions import MySqlPosition, binlog_index
+from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
+from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
+from cdcd.sources.mysql.schema import (
+    SchemaHistory,
+    apply_alter,
+    parse_ddl,
+    same_shape,
+    schema_from_table_map,
+    schema_to_json,
+)
+from cdcd.sources.mysql.types import Converter, stream_converter
+
+_FL_STANDALONE = 1  # MariaDB GTID flag: the transaction is one statement (DDL), no XID follows
+_TX_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "XA ", "RELEASE SAVEPOINT")
+
+
+@dataclass
+class _Decoded:
+    schema: TableSchema
+    convert: list[tuple[str, Converter]]
+
+
+def event_start(ev: Any) -> int:
+    """Offset of the event in its binlog file (the header carries the end offset)."""
+    return int(ev.packet.log_pos) - int(ev.packet.event_size)
+
+
+class Decoder:
+    """Turns the binlog event sequence of one connection into items."""
+
+    def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str) -> None:
+        self.flavor = flavor
+        self.tables = tables
+        self.history = history
+        self.file = file
+        self.file_index = binlog_index(file) if file else 0
+        self.gtid: GtidSet = parse_gtid_set(flavor, gtid)
+        self._gtid_text = str(self.gtid)
+        self.tx_start: int | None = None
+        self.tx_gtid: tuple[Any, ...] | None = None
+        self.tx_standalone = False
+        self.tx_explicit = False
+        self.seq = 0
+        self.tx_events = 0
+        self.last_ts: datetime | None = None
+        self._decoded: dict[int, tuple[Any, _Decoded]] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _pos(self) -> MySqlPosition:
+        self.seq += 1
+        assert self.tx_start is not None
+        return MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text)
+
+    def _begin(self, ev: Any, gtid: tuple[Any, ...] | None, standalone: bool, explicit: bool) -> None:
+        self.tx_start = event_start(ev)
+        self.tx_gtid = gtid
+        self.tx_standalone = standalone
+        self.tx_explicit = explicit
+        self.seq = 0
+        self.tx_events = 0
+
+    @property
+    def tx_id(self) -> str:
+        g = self.tx_gtid
+        if g is None:
+            return f"{self.file}:{self.tx_start}"
+        if len(g) == 3:
+            return f"{g[0]}-{g[1]}-{g[2]}"
+        return f"{g[0]}:{g[1]}"
+
+    def _commit(self, ev: Any) -> list[Item]:
+        if self.tx_start is None:
+            return []
+        g = self.tx_gtid
+        if g is not None:
+            if isinstance(self.gtid, MariaGtidSet) and len(g) == 3:
+                self.gtid.add(g[0], g[1], g[2])
+            elif isinstance(self.gtid, MySqlGtidSet) and len(g) == 2:
+                self.gtid.add(g[0], g[1])
+            self._gtid_text = str(self.gtid)
+        self.seq += 1
+        pos = MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text)
+        mark = Mark("commit", pos, {"events": self.tx_events, "tx": self.tx_id, "next_pos": int(ev.packet.log_pos)})
+        self.tx_start = None
+        self.tx_gtid = None
+        return [mark]
+
+    def _ts(self, ev: Any) -> datetime:
+        ts = datetime.fromtimestamp(ev.timestamp, UTC)
+        self.last_ts = ts
+        return ts
+
+    def _schema_for(self, ev: Any, table: TableId, items: list[Item]) -> _Decoded:
+        # Every rows event takes a seq for a possible schema mark, emitted or not, so positions depend only
+        # on the binlog, never on what the history already knew: a replay numbers events exactly as before.
+        slot = self._pos()
+        tmap = ev.table_map[ev.table_id]
+        cached = self._decoded.get(ev.table_id)
+        if cached is not None and cached[0] is tmap:
+            return cached[1]
+        derived = schema_from_table_map(table, list(tmap.columns))
+        current = self.history.at(table, slot)
+        if current is None or not same_shape(current, derived):
+            current = self.history.record(slot, derived)
+            items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(current),
+                                               "reason": "table map"}))
+        conv = [(c.name, f) for c in current.columns if (f := stream_converter(c.source_type)) is not None]
+        d = _Decoded(current, conv)
+        self._decoded = {ev.table_id: (tmap, d)} | {k: v for k, v in self._decoded.items() if k != ev.table_id}
+        return d
+
+    @staticmethod
+    def _convert(d: _Decoded, values: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
+        row = dict(values)
+        if none_sources:
+            _fix_empty_sets(row, none_sources)
+        for name, f in d.convert:
+            v = row.get(name)
+            if v is not None:
+                row[name] = f(v)
+        return row
+
+    # ------------------------------------------------------------------ events
+    def feed(self, ev: Any) -> list[Item]:
+        handler = _HANDLERS.get(type(ev))
+        if handler is None:
+            return []
+        return handler(self, ev)
+
+    def _on_rotate(self, ev: bl.RotateEvent) -> list[Item]:
+        self.file = ev.next_binlog
+        self.file_index = binlog_index(self.file)
+        return []
+
+    def _on_gtid_list(self, ev: bl.MariadbGtidListEvent) -> list[Item]:
+        if isinstance(self.gtid, MariaGtidSet):
+            for g in ev.gtid_list:
+                self.gtid.add(g.domain_id, g.server_id, g.gtid_seq_no)
+            self._gtid_text = str(self.gtid)
+        return []
+
+    def _on_maria_gtid(self, ev: bl.MariadbGtidEvent) -> list[Item]:
+        standalone = bool(ev.flags & _FL_STANDALONE)
+        self._begin(ev, (ev.domain_id, ev.server_id, ev.gtid_seq_no), standalone, not standalone)
+        return []
+
+    def _on_mysql_gtid(self, ev: bl.GtidEvent) -> list[Item]:
+        sid, _, gno = ev.gtid.rpartition(":")
+        self._begin(ev, (sid, int(gno)), False, False)
+        return []
+
+    def _on_xid(self, ev: bl.XidEvent) -> list[Item]:
+        return self._commit(ev)
+
+    def _on_query(self, ev: bl.QueryEvent) -> list[Item]:
+        query = ev.query.strip()
+        head = query[:20].upper()
+        if head.startswith("BEGIN") or head.startswith("XA START"):
+            if self.tx_start is None:
+                self._begin(ev, None, False, True)
+            self.tx_explicit = True
+            return []
+        if head.startswith("COMMIT") or (head.startswith("ROLLBACK") and not head.startswith("ROLLBACK TO")):
+            return self._commit(ev)
+        if head.startswith(_TX_CONTROL):
+            return []
+        if self.tx_start is None:
+            self._begin(ev, None, True, False)
+        schema = ev.schema.decode() if isinstance(ev.schema, bytes) else str(ev.schema or "")
+        items = self._ddl(ev, query, schema)
+        if self.tx_standalone or not self.tx_explicit:
+            items += self._commit(ev)
+        return items
+
+    def _ddl(self, ev: Any, query: str, default_db: str) -> list[Item]:
+        items: list[Item] = []
+        ts = self._ts(ev)
+        for ddl in parse_ddl(query, default_db):
+            table = ddl.table
+            if table is None or (table not in self.tables and ddl.new_table not in self.tables):
+                continue
+            # two seqs per statement on a captured table, used or not: positions depend only on the binlog
+            slot, slot2 = self._pos(), self._pos()
+            if ddl.kind == "truncate" and table in self.tables:
+                current = self.history.at(table, slot)
+                if current is not None:
+                    self.tx_events += 1
+                    items.append(ChangeEvent(Op.TRUNCATE, current, slot, tx_id=self.tx_id, commit_ts=ts))
+            elif ddl.kind == "alter" and table in self.tables and ddl.actions:
+                current = self.history.at(table, replace(slot, seq=slot.seq - 1))  # the shape before the ALTER
+                new = apply_alter(current, ddl.actions) if current is not None else None
+                if new is not None and current is not None and not same_shape(new, current):
+                    new = self.history.record(slot, new)
+                    items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(new),
+                                                       "reason": "ddl", "ddl": query[:2000]}))
+            elif ddl.kind == "rename" and ddl.new_table is not None:
+                moved = self.history.at(table, slot)
+                if ddl.new_table in self.tables and moved is not None:
+                    new = self.history.record(slot, TableSchema(ddl.new_table, moved.columns, moved.key))
+                    items.append(Mark("schema", slot, {"table": str(ddl.new_table), "schema": schema_to_json(new),
+                                                       "reason": "rename", "ddl": query[:2000]}))
+                if table in self.tables:
+                    items.append(Mark("ddl", slot2, {"table": str(table), "ddl": query[:2000]}))
+            elif table in self.tables and ddl.kind in ("drop", "create", "alter"):
+                items.append(Mark("ddl", slot2, {"table": str(table), "ddl": query[:2000]}))
+        return items
+
+    def _on_rows(self, ev: Any) -> list[Item]:
+        table = TableId(ev.schema, ev.table)
+        if table not in self.tables:
+            return []
+        if self.tx_start is None:
+            self._begin(ev, None, False, False)
+        items: list[Item] = []
+        d = self._schema_for(ev, table, items)
+        ts = self._ts(ev)
+        tx = self.tx_id
+        schema = d.schema
+        conv = self._convert
+        if isinstance(ev, rows.WriteRowsEvent):
+            for r in ev.rows:
+                after = conv(d, r["values"], r["none_sources"])
+                items.append(ChangeEvent(Op.CREATE, schema, self._pos(), None, after, tx, ts,
+                                         unavailable=_unavailable(r["none_sources"])))
+        elif isinstance(ev, rows.UpdateRowsEvent):
+            for r in ev.rows:
+                before = conv(d, r["before_values"], r["before_none_sources"])
+                after = conv(d, r["after_values"], r["after_none_sources"])
+                items.append(ChangeEvent(Op.UPDATE, schema, self._pos(), before, after, tx, ts,
+                                         unavailable=_unavailable(r["after_none_sources"])))
+        elif isinstance(ev, rows.DeleteRowsEvent):
+            for r in ev.rows:
+                before = conv(d, r["values"], r["none_sources"])
+                items.append(ChangeEvent(Op.DELETE, schema, self._pos(), before, None, tx, ts))
+        self.tx_events += len(items)
+        return items
+
+
+def _unavailable(none_sources: dict[str, str]) -> tuple[str, ...]:
+    """Columns the row image left out (binlog_row_image=MINIMAL/NOBLOB): unknown, not NULL."""
+    if not none_sources:
+        return ()
+    return tuple(k for k, v in none_sources.items() if v == NONE_SOURCE.COLS_BITMAP)
+
+
+def _fix_empty_sets(row: dict[str, Any], none_sources: dict[str, str]) -> None:
+    """pymysqlreplication reports an empty SET as None; it is the empty string, not NULL."""
+    for k, v in none_sources.items():
+        if v == NONE_SOURCE.EMPTY_SET:
+            row[k] = ""
+
+
+_HANDLERS: dict[type, Callable[[Decoder, Any], list[Item]]] = {
+    bl.RotateEvent: Decoder._on_rotate,
+    bl.MariadbGtidListEvent: Decoder._on_gtid_list,
+    bl.MariadbGtidEvent: Decoder._on_maria_gtid,
+    bl.GtidEvent: Decoder._on_mysql_gtid,
+    bl.XidEvent: Decoder._on_xid,
+    bl.QueryEvent: Decoder._on_query,
+    rows.WriteRowsEvent: Decoder._on_rows,
+    rows.UpdateRowsEvent: Decoder._on_rows,
+    rows.DeleteRowsEvent: Decoder._on_rows,
+}

@@ -1,0 +1,311 @@
+"""The initial snapshot over aiomysql, consistent with an exact binlog position.
+
+MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` and the
+``binlog_snapshot_file`` / ``binlog_snapshot_position`` status values of that
+transaction: no lock. With ``snapshot.parallelism`` > 1 every connection opens
+its own consistent snapshot; they share one watermark only when all report
+the same binlog position (no commit in between), so that is retried a few
+times and otherwise the snapshot runs on one connection.
+
+MySQL: ``FLUSH TABLES WITH READ LOCK`` on one connection, consistent
+snapshots opened on every connection, the position read with ``SHOW MASTER
+STATUS`` (``SHOW BINARY LOG STATUS`` from 8.4), then ``UNLOCK TABLES``: the
+lock is held only around those statements, never during the table reads.
+
+Rows are read in primary-key order in chunks of ``snapshot.chunk_rows``
+(``WHERE key > last ORDER BY key LIMIT n``), so a restarted snapshot resumes
+after the last committed key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiomysql
+
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.events import ChangeEvent, Column, Item, Mark, Op, TableId, TableSchema
+from cdcd.positions import MySqlPosition
+from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
+from cdcd.sources.mysql.tls import Tls, TlsError
+from cdcd.sources.mysql.types import Converter, arrow_type, normalize_source_type, snapshot_converter, to_query_param
+
+SAME_POSITION_ATTEMPTS = 8
+
+
+@dataclass
+class TableProgress:
+    rows: int = 0
+    total_estimate: int = 0
+    done: bool = False
+
+
+@dataclass
+class SnapshotTask:
+    table: TableId
+    after_key: tuple[Any, ...] | None = None  # resume strictly after this key
+
+
+@dataclass
+class Watermark:
+    file: str
+    pos: int
+    gtid: str = ""
+
+    def position(self) -> MySqlPosition:
+        return MySqlPosition.at(self.file, self.pos, 0, self.gtid)
+
+
+def quote_ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def parse_binlog_status(row: dict[str, Any]) -> Watermark:
+    """A ``SHOW MASTER STATUS`` / ``SHOW BINARY LOG STATUS`` row (dict cursor) → watermark.
+
+    ``Executed_Gtid_Set`` (MySQL) may span several lines; it is kept as one set.
+    """
+    if not row or not row.get("File"):
+        raise SourceFatal("the server reports no binlog position (SHOW MASTER STATUS is empty): enable the binlog "
+                          "with log_bin and binlog_format=ROW, then restart the server")
+    gtid = str(row.get("Executed_Gtid_Set") or "").replace("\n", "").replace(" ", "")
+    return Watermark(str(row["File"]), int(row["Position"]), gtid)
+
+
+def parse_snapshot_status(rows: list[tuple[Any, ...]]) -> tuple[str, int]:
+    """``SHOW STATUS LIKE 'binlog_snapshot_%'`` rows → (file, position)."""
+    values = {str(k).lower(): v for k, v in rows}
+    file = values.get("binlog_snapshot_file")
+    pos = values.get("binlog_snapshot_position")
+    if not file or pos is None:
+        raise SourceFatal("MariaDB did not report binlog_snapshot_file/binlog_snapshot_position: the binlog must "
+                          "be enabled (log_bin) for a consistent snapshot")
+    return str(file), int(pos)
+
+
+async def load_table_schema(conn: aiomysql.Connection, table: TableId) -> tuple[TableSchema, tuple[str, ...]]:
+    """The table's schema from information_schema, and its primary key in index order."""
+    async with conn.cursor() as cur:
+        await cur.execute(
+            "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (table.schema, table.name),
+        )
+        cols = await cur.fetchall()
+        await cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s "
+            "AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
+            (table.schema, table.name),
+        )
+        pk = tuple(r[0] for r in await cur.fetchall())
+    if not cols:
+        raise SourceFatal(f"table {table} does not exist or the cdc user cannot see it: create it, fix "
+                          "source.tables, or GRANT SELECT ON the database TO the cdc user")
+    columns = []
+    for name, ctype, nullable in cols:
+        st = normalize_source_type(str(ctype))
+        columns.append(Column(str(name), arrow_type(st), st, nullable == "YES"))
+    names = [c.name for c in columns]
+    key = tuple(n for n in names if n in pk)  # column order, as the binlog's table map gives it
+    return TableSchema(table, tuple(columns), key), pk
+
+
+async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> aiomysql.Connection:
+    """A session for queries and snapshots (UTC, REPEATABLE READ), encrypted per ``tls`` (plain without)."""
+    if tls is None:
+        tls = Tls.build("disable", None, settings["host"], settings["port"])
+    try:
+        conn = await tls.connect(**settings, autocommit=True)
+    except TlsError:
+        raise
+    except Exception as exc:
+        tls_exc = tls.explain(exc)
+        if tls_exc is not None:
+            raise tls_exc from exc
+        raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {exc}") from exc
+    async with conn.cursor() as cur:
+        await cur.execute("SET SESSION time_zone = '+00:00'")
+        await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    return conn
+
+
+async def _execute(conn: aiomysql.Connection, sql: str) -> list[Any]:
+    async with conn.cursor() as cur:
+        await cur.execute(sql)
+        return list(await cur.fetchall())
+
+
+async def begin_consistent(conns: list[aiomysql.Connection], flavor: str) -> tuple[Watermark, int]:
+    """Open a consistent snapshot on the connections; returns the watermark and how many share it."""
+    if flavor == "mariadb":
+        for _ in range(SAME_POSITION_ATTEMPTS):
+            await asyncio.gather(*(_execute(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT") for c in conns))
+            seen = [parse_snapshot_status(await _execute(c, "SHOW STATUS LIKE 'binlog_snapshot_%'")) for c in conns]
+            if all(s == seen[0] for s in seen):
+                file, pos = seen[0]
+                gtid_rows = await _execute(conns[0], f"SELECT BINLOG_GTID_POS('{file}', {pos})")
+                return Watermark(file, pos, str(gtid_rows[0][0] or "")), len(conns)
+            await asyncio.gather(*(_execute(c, "ROLLBACK") for c in conns))
+        # writes kept landing between the snapshots: one connection is always consistent with itself
+        await _execute(conns[0], "START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        file, pos = parse_snapshot_status(await _execute(conns[0], "SHOW STATUS LIKE 'binlog_snapshot_%'"))
+        gtid_rows = await _execute(conns[0], f"SELECT BINLOG_GTID_POS('{file}', {pos})")
+        return Watermark(file, pos, str(gtid_rows[0][0] or "")), 1
+    await _execute(conns[0], "FLUSH TABLES WITH READ LOCK")
+    try:
+        await asyncio.gather(*(_execute(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT") for c in conns))
+        async with conns[0].cursor(aiomysql.DictCursor) as cur:
+            try:
+                await cur.execute("SHOW BINARY LOG STATUS")
+            except aiomysql.ProgrammingError:
+                await cur.execute("SHOW MASTER STATUS")
+            wm = parse_binlog_status(await cur.fetchone())
+    finally:
+        await _execute(conns[0], "UNLOCK TABLES")
+    return wm, len(conns)
+
+
+class Snapshotter:
+    """Reads the tasks' rows at one watermark and yields items (rows, table-done and schema marks)."""
+
+    def __init__(self, settings: dict[str, Any], flavor: str, parallelism: int, chunk_rows: int,
+                 history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None) -> None:
+        self.settings = settings
+        self.tls = tls
+        self.history = history
+        self.flavor = flavor
+        self.parallelism = parallelism
+        self.chunk_rows = chunk_rows
+        self.queue_chunks = queue_chunks
+        self.progress: dict[str, TableProgress] = {}
+        self._conns: list[aiomysql.Connection] = []
+
+    async def open(self) -> Watermark:
+        """Connect and open the consistent snapshot; returns its binlog position."""
+        self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
+        wm, shared = await begin_consistent(self._conns, self.flavor)
+        for c in self._conns[shared:]:
+            c.close()
+        self._conns = self._conns[:shared]
+        return wm
+
+    async def run(self, tasks: list[SnapshotTask], at: MySqlPosition) -> AsyncIterator[list[Item]]:
+        """Chunks of items for every task, all at position ``at`` (the original watermark)."""
+        queue: asyncio.Queue[list[Item] | BaseException | None] = asyncio.Queue(self.queue_chunks)
+        todo: asyncio.Queue[SnapshotTask] = asyncio.Queue()
+        for t in tasks:
+            todo.put_nowait(t)
+            self.progress.setdefault(str(t.table), TableProgress())
+
+        async def worker(conn: aiomysql.Connection) -> None:
+            try:
+                while True:
+                    try:
+                        task = todo.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+                    async for chunk in self._read_table(conn, task, at):
+                        await queue.put(chunk)
+                await _execute(conn, "COMMIT")  # ends the snapshot: releases its metadata locks and undo
+                await queue.put(None)
+            except BaseException as exc:
+                await queue.put(exc)
+
+        workers = [asyncio.create_task(worker(c)) for c in self._conns]
+        running = len(workers)
+        try:
+            while running:
+                got = await queue.get()
+                if got is None:
+                    running -= 1
+                elif isinstance(got, BaseException):
+                    raise got
+                else:
+                    yield got
+        finally:
+            for w in workers:
+                w.cancel()
+            for w in workers:
+                with contextlib.suppress(BaseException):
+                    await w
+
+    async def _read_table(self, conn: aiomysql.Connection, task: SnapshotTask,
+                          at: MySqlPosition) -> AsyncIterator[list[Item]]:
+        table = task.table
+        schema, pk = await load_table_schema(conn, table)
+        schema = self.history.record(at, schema)
+        prog = self.progress[str(table)]
+        async with conn.cursor() as cur:
+            await cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                              "AND TABLE_NAME = %s", (table.schema, table.name))
+            est = await cur.fetchone()
+            prog.total_estimate = int(est[0] or 0) if est else 0
+        yield [Mark("snapshot_table_start", at, {"table": str(table), "schema": schema_to_json(schema)})]
+        names = schema.column_names
+        convs: list[tuple[int, Converter]] = [
+            (i, f) for i, c in enumerate(schema.columns) if (f := snapshot_converter(c.source_type)) is not None
+        ]
+        select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {quote_ident(table.schema)}." \
+                 f"{quote_ident(table.name)}"
+        key_idx = [names.index(k) for k in pk]
+        after = task.after_key
+        if after is not None and len(after) == len(schema.key):
+            # the checkpoint keeps the key in column order; the query wants index order
+            by_name = dict(zip(schema.key, after, strict=True))
+            after = tuple(by_name[k] for k in pk)
+        while True:
+            if pk:
+                where, params = _after_clause(pk, after)
+                sql = f"{select}{where} ORDER BY {', '.join(quote_ident(k) for k in pk)} LIMIT {self.chunk_rows}"
+            else:
+                sql, params = select, []
+            async with conn.cursor() as cur:
+                await cur.execute(sql, params)
+                raw = await cur.fetchall()
+            items: list[Item] = []
+            for r in raw:
+                vals = list(r)
+                for i, f in convs:
+                    v = vals[i]
+                    if v is not None:
+                        vals[i] = f(v)
+                items.append(ChangeEvent(Op.READ, schema, at, None, dict(zip(names, vals, strict=True)),
+                                         snapshot=True))
+            prog.rows += len(items)
+            if items:
+                yield items
+            if not pk or len(raw) < self.chunk_rows:
+                break
+            last = raw[-1]
+            after = tuple(last[i] for i in key_idx)
+        prog.done = True
+        yield [Mark("snapshot_table_done", at, {"table": str(table)})]
+
+    async def close(self) -> None:
+        for c in self._conns:
+            with contextlib.suppress(Exception):
+                await c.ensure_closed()
+        self._conns = []
+
+    def terminate(self) -> None:
+        for c in self._conns:
+            with contextlib.suppress(Exception):
+                c.close()
+        self._conns = []
+
+
+def _after_clause(pk: tuple[str, ...], after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+    """``WHERE (k1 > a) OR (k1 = a AND k2 > b) ...`` (expanded so every server uses the index)."""
+    if after is None:
+        return "", []
+    ors = []
+    params: list[Any] = []
+    for i in range(len(pk)):
+        parts = [f"{quote_ident(pk[j])} = %s" for j in range(i)] + [f"{quote_ident(pk[i])} > %s"]
+        params.extend(to_query_param(after[j]) for j in range(i + 1))
+        ors.append("(" + " AND ".join(parts) + ")")
+    return " WHERE " + " OR ".join(ors), params

@@ -1,0 +1,237 @@
+"""Catalog work over asyncpg: publication and slot management, table and type metadata."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.events import TableId
+from cdcd.positions import format_lsn, parse_lsn
+from cdcd.sources.postgres.replication import ConnectParams, ssl_context
+from cdcd.sources.postgres.types import SESSION_SETTINGS, PgType, TypeRegistry
+
+HEARTBEAT_PREFIX = "cdcd_heartbeat"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_table(t: TableId) -> str:
+    return f"{quote_ident(t.schema)}.{quote_ident(t.name)}"
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+async def connect_sql(params: ConnectParams) -> Any:
+    """An asyncpg connection with the session settings the type converters expect."""
+    ctx = ssl_context(params.sslmode, params.sslrootcert)
+    ssl_arg: Any = params.sslmode if ctx is None or params.sslmode in ("prefer", "require") else ctx
+    if params.sslmode == "require" and params.sslrootcert is not None:
+        ssl_arg = ctx
+    settings = {k: v for k, v in SESSION_SETTINGS.items() if k != "client_encoding"}
+    settings["application_name"] = params.application_name
+    try:
+        return await asyncpg.connect(
+            host=params.host, port=params.port, user=params.user, password=params.password,
+            database=params.database, ssl=ssl_arg, timeout=params.connect_timeout_s, server_settings=settings,
+        )
+    except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
+        raise SourceFatal(f"{params.where}: authentication failed ({exc}); check source.user and the password") from exc
+    except asyncpg.InvalidCatalogNameError as exc:
+        raise SourceFatal(f"{params.where}: {exc}; check source.database") from exc
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise SourceError(f"{params.where}: cannot connect: {exc}; check that the server runs and listens") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    name: str
+    plugin: str | None
+    database: str | None
+    confirmed_flush_lsn: int | None
+    active_pid: int | None
+    wal_status: str | None
+
+
+async def slot_info(conn: Any, slot: str) -> SlotInfo | None:
+    row = await conn.fetchrow(
+        "SELECT slot_name, plugin, database, confirmed_flush_lsn::text AS flush, active_pid, wal_status "
+        "FROM pg_replication_slots WHERE slot_name = $1", slot)
+    if row is None:
+        return None
+    flush = parse_lsn(row["flush"]) if row["flush"] else None
+    return SlotInfo(row["slot_name"], row["plugin"], row["database"], flush, row["active_pid"], row["wal_status"])
+
+
+async def publication_tables(conn: Any, publication: str) -> set[TableId] | None:
+    """The tables a publication covers; None when it does not exist."""
+    exists = await conn.fetchval("SELECT count(*) FROM pg_publication WHERE pubname = $1", publication)
+    if not exists:
+        return None
+    rows = await conn.fetch("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1", publication)
+    return {TableId(r["schemaname"], r["tablename"]) for r in rows}
+
+
+async def ensure_publication(conn: Any, publication: str, tables: list[TableId],
+                             infos: dict[TableId, TableInfo]) -> None:
+    """Create the publication for ``tables`` when absent; when present it must cover them.
+
+    A table without a replica identity in a publication that publishes updates makes PostgreSQL reject
+    UPDATE and DELETE on it, so cdcd refuses to create such a publication (an operator may still create
+    one by hand, e.g. ``WITH (publish = 'insert')``).
+    """
+    have = await publication_tables(conn, publication)
+    if have is None:
+        blind = [t for t in tables if not infos[t].identity_key and infos[t].replica_identity != "f"]
+        if blind:
+            names = ", ".join(quote_table(t) for t in blind)
+            raise SourceFatal(
+                f"{names}: no primary key and REPLICA IDENTITY is not FULL; in a publication PostgreSQL would "
+                f"reject UPDATE and DELETE on it. Add a primary key or run ALTER TABLE ... REPLICA IDENTITY FULL "
+                f"(or create publication {publication!r} yourself, e.g. WITH (publish = 'insert'))")
+        names = ", ".join(quote_table(t) for t in tables)
+        try:
+            # Via the partition root: changes of a partitioned table arrive under its own name, not its leaves'.
+            await conn.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {names} "
+                               "WITH (publish_via_partition_root = true)")
+        except asyncpg.UndefinedTableError as exc:
+            raise SourceFatal(f"creating publication {publication!r}: {exc}; check source.tables") from exc
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise SourceFatal(
+                f"creating publication {publication!r}: {exc}; create it as the tables' owner: "
+                f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {names}") from exc
+        return
+    missing = [t for t in tables if t not in have]
+    if missing:
+        names = ", ".join(quote_table(t) for t in missing)
+        raise SourceFatal(
+            f"publication {publication!r} exists but does not cover {names}; "
+            f"run: ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {names}")
+    partitioned = [t for t in tables if infos[t].partitioned]
+    via_root = await conn.fetchval("SELECT pubviaroot FROM pg_publication WHERE pubname = $1", publication)
+    if partitioned and not via_root:
+        raise SourceFatal(
+            f"publication {publication!r} publishes the partitioned table(s) "
+            f"{', '.join(quote_table(t) for t in partitioned)} under their partitions' names; "
+            f"run: ALTER PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true)")
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnInfo:
+    name: str
+    type_oid: int
+    typmod: int
+    ndims: int
+    not_null: bool
+    sql_type: str  # format_type(): what a text parameter is cast to
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    table: TableId
+    oid: int
+    columns: tuple[ColumnInfo, ...]
+    primary_key: tuple[str, ...]
+    identity_key: tuple[str, ...]  # replica identity index columns (may equal the primary key)
+    replica_identity: str  # d, n, f, i
+    estimate: int
+    partitioned: bool = False
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The landing key: the primary key, else the replica identity index."""
+        return self.primary_key or self.identity_key
+
+
+async def table_info(conn: Any, table: TableId) -> TableInfo:
+    row = await conn.fetchrow(
+        "SELECT c.oid, c.relreplident, c.reltuples::bigint AS est, c.relkind = 'p' AS partitioned FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2 "
+        "AND c.relkind IN ('r', 'p')", table.schema, table.name)
+    if row is None:
+        raise SourceFatal(f"table {table} does not exist (source.tables); create it or remove it from the list")
+    oid = row["oid"]
+    cols = await conn.fetch(
+        "SELECT attname, atttypid, atttypmod, attndims, attnotnull, format_type(atttypid, atttypmod) AS sqltype "
+        "FROM pg_attribute "
+        "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", oid)
+    keys = await conn.fetch(
+        "SELECT i.indisprimary, i.indisreplident, array_agg(a.attname ORDER BY k.ord) AS cols "
+        "FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+        "WHERE i.indrelid = $1 AND (i.indisprimary OR i.indisreplident) GROUP BY i.indexrelid, 1, 2", oid)
+    primary: tuple[str, ...] = ()
+    identity: tuple[str, ...] = ()
+    for k in keys:
+        if k["indisprimary"]:
+            primary = tuple(k["cols"])
+        if k["indisreplident"]:
+            identity = tuple(k["cols"])
+    ident = row["relreplident"]
+    ident = ident.decode() if isinstance(ident, bytes) else str(ident)
+    if ident == "d":
+        identity = primary
+    return TableInfo(
+        table, oid,
+        tuple(ColumnInfo(c["attname"], c["atttypid"], c["atttypmod"], c["attndims"], c["attnotnull"], c["sqltype"])
+              for c in cols),
+        primary, identity, ident, max(int(row["est"]), 0), bool(row["partitioned"]),
+    )
+
+
+async def load_types(conn: Any, registry: TypeRegistry, oids: set[int]) -> None:
+    """Teach ``registry`` the non-built-in types among ``oids`` (enums, domains, arrays of them)."""
+    todo = registry.missing(oids)
+    while todo:
+        rows = await conn.fetch(
+            "SELECT oid, typname, typtype, typelem, typbasetype, typtypmod, typndims, typcategory "
+            "FROM pg_type WHERE oid = any($1::oid[])", list(todo))
+        for r in rows:
+            kind = r["typtype"]
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            category = r["typcategory"]
+            category = category.decode() if isinstance(category, bytes) else str(category)
+            elem = r["typelem"] if category == "A" else 0
+            registry.add(PgType(r["oid"], r["typname"], kind, elem, r["typbasetype"], r["typtypmod"], r["typndims"]))
+        unknown = todo - {r["oid"] for r in rows}
+        for oid in unknown:
+            registry.add(PgType(oid, f"oid:{oid}", "p"))
+        todo = registry.missing(oids)
+
+
+async def emit_heartbeat(conn: Any) -> int:
+    """A non-transactional logical message: it travels the slot even when no captured table changes."""
+    text = await conn.fetchval("SELECT pg_logical_emit_message(false, $1, '')::text", HEARTBEAT_PREFIX)
+    return parse_lsn(str(text))
+
+
+async def current_wal_lsn(conn: Any) -> int:
+    return parse_lsn(str(await conn.fetchval("SELECT pg_current_wal_insert_lsn()::text")))
+
+
+def require_version(version_num: int, where: str) -> None:
+    if version_num < 140000:
+        raise SourceFatal(f"{where}: PostgreSQL {version_num // 10000} is not supported; cdcd needs 14 or newer")
+
+
+async def server_version(conn: Any) -> int:
+    return int(await conn.fetchval("SHOW server_version_num"))
+
+
+async def advance_slot_to_now(conn: Any, slot: str) -> int:
+    """Advance a logical slot to the current WAL position (it only reaches flushed WAL, so wait for that)."""
+    target = await current_wal_lsn(conn)
+    while True:
+        text = await conn.fetchval("SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)",
+                                   slot, format_lsn(target))
+        reached = parse_lsn(str(text))
+        if reached >= target:
+            return reached
+        await asyncio.sleep(0.05)

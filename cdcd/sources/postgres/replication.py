@@ -1,0 +1,377 @@
+"""The streaming-replication connection: a thin asyncio adapter over ``protocol.py``.
+
+asyncpg cannot speak the replication sub-protocol, so this is a minimal client:
+startup with ``replication=database``, trust/cleartext/md5/SCRAM-SHA-256
+authentication, TLS per ``sslmode``, simple queries (IDENTIFY_SYSTEM,
+CREATE_REPLICATION_SLOT), and START_REPLICATION in CopyBoth mode with
+standby status updates.
+
+Status updates are sent on a timer of their own, independent of whether
+anyone reads the stream: when the runtime applies backpressure the socket is
+not read, but the server still hears from us, so ``wal_sender_timeout``
+never fires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.positions import format_lsn, parse_lsn
+from cdcd.sources.postgres import protocol as p
+from cdcd.sources.postgres.types import SESSION_SETTINGS
+
+# Authentication request codes.
+_AUTH_OK, _AUTH_CLEARTEXT, _AUTH_MD5, _AUTH_SASL, _AUTH_SASL_CONTINUE, _AUTH_SASL_FINAL = 0, 3, 5, 10, 11, 12
+_READ_SIZE = 1 << 18
+
+# SQLSTATE classes no retry can cure.
+_FATAL_SQLSTATES = ("28", "3D", "42501", "42704", "55000")
+
+
+class PgServerError(SourceError):
+    """An ErrorResponse from the server."""
+
+    def __init__(self, fields: dict[str, str], context: str) -> None:
+        self.sqlstate = fields.get("sqlstate", "")
+        self.server_message = fields.get("message", "")
+        hint = f" (hint: {fields['hint']})" if "hint" in fields else ""
+        detail = f" ({fields['detail']})" if "detail" in fields else ""
+        super().__init__(f"{context}: server error {self.sqlstate}: {self.server_message}{detail}{hint}")
+        self.fatal = self.sqlstate.startswith(_FATAL_SQLSTATES)
+
+
+class PgServerFatal(PgServerError, SourceFatal):
+    """An ErrorResponse that no retry can cure (auth, missing slot, privileges)."""
+
+
+def server_error(fields: dict[str, str], context: str) -> PgServerError:
+    err = PgServerError(fields, context)
+    return PgServerFatal(fields, context) if err.fatal else err
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectParams:
+    host: str
+    port: int
+    user: str
+    database: str
+    password: str | None = None
+    sslmode: str = "prefer"
+    sslrootcert: Path | None = None
+    connect_timeout_s: float = 10.0
+    application_name: str = "cdcd"
+
+    @property
+    def where(self) -> str:
+        return f"postgres://{self.user}@{self.host}:{self.port}/{self.database}"
+
+
+def ssl_context(sslmode: str, rootcert: Path | None) -> ssl.SSLContext | None:
+    """The TLS context for ``sslmode`` with libpq's meaning; None for disable."""
+    if sslmode == "disable":
+        return None
+    if sslmode in ("verify-ca", "verify-full") or (sslmode == "require" and rootcert is not None):
+        ctx = ssl.create_default_context(cafile=str(rootcert) if rootcert else None)
+        ctx.check_hostname = sslmode == "verify-full"
+        return ctx
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+_UNITS_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration_s(text: str) -> float:
+    """A PostgreSQL duration setting as SHOW prints it (``60s``, ``500ms``, ``1min``, ``0``) in seconds."""
+    text = text.strip()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):] or "ms"  # wal_sender_timeout's base unit
+    return float(number) * _UNITS_S.get(unit, 1e-3)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCreated:
+    name: str
+    consistent_point: int
+    snapshot_name: str | None
+
+
+class ReplicationConnection:
+    """One replication connection (``replication=database``)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, params: ConnectParams) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._params = params
+        self._buf = p.MessageBuffer()
+        self.server_params: dict[str, str] = {}
+        self.tls = False
+        # Standby status: what we received, and what the source says is durably flushed.
+        self.received_lsn = 0
+        self.flush_lsn = 0
+        self._status_task: asyncio.Task[None] | None = None
+        self._copy_both = False
+        self.closed = False
+
+    # ------------------------------------------------------------ connecting
+
+    @classmethod
+    async def connect(cls, params: ConnectParams) -> ReplicationConnection:
+        try:
+            return await asyncio.wait_for(cls._connect(params), params.connect_timeout_s)
+        except TimeoutError:
+            raise SourceError(
+                f"{params.where}: no answer within {params.connect_timeout_s}s; check host, port and firewall"
+            ) from None
+        except OSError as exc:
+            raise SourceError(f"{params.where}: cannot connect: {exc}; check that the server runs and listens") from exc
+
+    @classmethod
+    async def _connect(cls, params: ConnectParams) -> ReplicationConnection:
+        reader, writer = await asyncio.open_connection(params.host, params.port)
+        conn = cls(reader, writer, params)
+        try:
+            await conn._negotiate_tls()
+            await conn._startup()
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
+
+    async def _negotiate_tls(self) -> None:
+        ctx = ssl_context(self._params.sslmode, self._params.sslrootcert)
+        if ctx is None:
+            return
+        self._writer.write(p.ssl_request())
+        await self._writer.drain()
+        answer = await self._reader.readexactly(1)
+        if answer == b"S":
+            hostname = self._params.host if ctx.check_hostname else None
+            try:
+                await self._writer.start_tls(ctx, server_hostname=hostname)
+            except ssl.SSLError as exc:
+                raise SourceFatal(
+                    f"{self._params.where}: TLS handshake failed ({exc.reason}) with sslmode={self._params.sslmode}; "
+                    "check source.sslrootcert and the server certificate"
+                ) from exc
+            self.tls = True
+        elif self._params.sslmode != "prefer":
+            raise SourceFatal(
+                f"{self._params.where}: the server does not accept TLS but sslmode={self._params.sslmode}; "
+                "enable ssl on the server or set source.sslmode = \"prefer\""
+            )
+
+    async def _startup(self) -> None:
+        params = {
+            "user": self._params.user,
+            "database": self._params.database,
+            "replication": "database",
+            "application_name": self._params.application_name,
+            **SESSION_SETTINGS,
+        }
+        self._writer.write(p.startup_message(params))
+        scram: p.ScramClient | None = None
+        while True:
+            msg = await self._next()
+            if msg.kind == b"R":
+                code, data = p.parse_auth(msg.payload)
+                if code == _AUTH_OK:
+                    continue
+                password = self._need_password()
+                if code == _AUTH_CLEARTEXT:
+                    self._writer.write(p.password_message(password))
+                elif code == _AUTH_MD5:
+                    self._writer.write(p.password_message(p.md5_password(self._params.user, password, data[:4])))
+                elif code == _AUTH_SASL:
+                    mechanisms = [m.decode() for m in data.split(b"\x00") if m]
+                    if p.ScramClient.mechanism not in mechanisms:
+                        raise SourceFatal(f"{self._params.where}: server offers only SASL {mechanisms}; "
+                                          "cdcd supports SCRAM-SHA-256")
+                    scram = p.ScramClient(password)
+                    self._writer.write(p.sasl_initial_response(scram.mechanism, scram.client_first()))
+                elif code == _AUTH_SASL_CONTINUE and scram is not None:
+                    self._writer.write(p.sasl_response(scram.client_final(data)))
+                elif code == _AUTH_SASL_FINAL and scram is not None:
+                    try:
+                        scram.verify_server_final(data)
+                    except p.ProtocolError as exc:
+                        raise SourceFatal(f"{self._params.where}: {exc}") from exc
+                else:
+                    raise SourceFatal(f"{self._params.where}: unsupported authentication request {code}; "
+                                      "use trust, md5 or scram-sha-256 in pg_hba.conf")
+                await self._writer.drain()
+            elif msg.kind == b"S":
+                name, value = p.parse_parameter_status(msg.payload)
+                self.server_params[name] = value
+            elif msg.kind == b"K" or msg.kind == b"N":
+                continue
+            elif msg.kind == b"Z":
+                return
+            elif msg.kind == b"E":
+                raise server_error(p.parse_error_fields(msg.payload), f"{self._params.where}: connecting")
+            else:
+                raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} during startup")
+
+    def _need_password(self) -> str:
+        if self._params.password is None:
+            raise SourceFatal(f"{self._params.where}: the server asks for a password and none is configured; "
+                              "set source.password or source.password_file")
+        return self._params.password
+
+    async def _next(self) -> p.BackendMessage:
+        while True:
+            for msg in self._buf:
+                return msg
+            data = await self._reader.read(_READ_SIZE)
+            if not data:
+                raise SourceError(f"{self._params.where}: the server closed the replication connection")
+            self._buf.feed(data)
+
+    # ------------------------------------------------------------ commands
+
+    async def query(self, sql: str) -> list[dict[str, str | None]]:
+        """A simple-protocol command; its rows as dicts of text."""
+        self._writer.write(p.query_message(sql))
+        await self._writer.drain()
+        names: list[str] = []
+        rows: list[dict[str, str | None]] = []
+        error: PgServerError | None = None
+        while True:
+            msg = await self._next()
+            if msg.kind == b"T":
+                names = p.parse_row_description(msg.payload)
+            elif msg.kind == b"D":
+                rows.append(dict(zip(names, p.parse_data_row(msg.payload), strict=True)))
+            elif msg.kind == b"E":
+                error = server_error(p.parse_error_fields(msg.payload), f"{self._params.where}: {sql.split(' (')[0]}")
+            elif msg.kind == b"Z":
+                if error is not None:
+                    raise error
+                return rows
+
+    async def identify_system(self) -> dict[str, str | None]:
+        return (await self.query("IDENTIFY_SYSTEM"))[0]
+
+    async def create_slot(self, name: str, export_snapshot: bool) -> SlotCreated:
+        # The pre-15 spelling is understood by 14 and every later version.
+        how = "EXPORT_SNAPSHOT" if export_snapshot else "NOEXPORT_SNAPSHOT"
+        row = (await self.query(f'CREATE_REPLICATION_SLOT "{name}" LOGICAL pgoutput {how}'))[0]
+        return SlotCreated(str(row["slot_name"]), parse_lsn(str(row["consistent_point"])), row.get("snapshot_name"))
+
+    async def status_interval(self, most: float) -> float:
+        """How often to send status updates: well inside the server's ``wal_sender_timeout``."""
+        rows = await self.query("SHOW wal_sender_timeout")
+        timeout = parse_duration_s(str(rows[0].get("wal_sender_timeout") or "0")) if rows else 0.0
+        if timeout <= 0:
+            return most
+        return max(0.1, min(most, timeout / 4))
+
+    async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float) -> None:
+        sql = (f'START_REPLICATION SLOT "{slot}" LOGICAL {format_lsn(start_lsn)} '
+               f"(proto_version '1', publication_names '\"{publication}\"', messages 'true')")
+        self._writer.write(p.query_message(sql))
+        await self._writer.drain()
+        while True:
+            msg = await self._next()
+            if msg.kind == b"W":
+                break
+            if msg.kind == b"E":
+                raise server_error(p.parse_error_fields(msg.payload), f"{self._params.where}: START_REPLICATION")
+            if msg.kind == b"N":
+                continue
+            raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} after START_REPLICATION")
+        self._copy_both = True
+        self.received_lsn = max(self.received_lsn, start_lsn)
+        self._status_task = asyncio.create_task(self._status_loop(status_interval_s), name="pg-standby-status")
+
+    # ------------------------------------------------------------ streaming
+
+    async def xlog(self) -> AsyncIterator[list[p.XLogData]]:
+        """XLogData messages, as many as one socket read brought, until the server ends the stream.
+
+        Lists rather than single messages: crossing async generators per message costs more than decoding it.
+        Keepalives are answered here.
+        """
+        buf = self._buf
+        while True:
+            out: list[p.XLogData] = []
+            for msg in buf:
+                if msg.kind == b"d":
+                    item = p.parse_copy_data(msg.payload)
+                    if item.wal_end > self.received_lsn:
+                        self.received_lsn = item.wal_end
+                    if isinstance(item, p.XLogData):
+                        out.append(item)
+                    elif item.reply_requested:
+                        self.send_status()
+                elif msg.kind == b"E":
+                    raise server_error(p.parse_error_fields(msg.payload), f"{self._params.where}: replication stream")
+                elif msg.kind == b"c":
+                    if out:
+                        yield out
+                    return
+                elif msg.kind not in (b"N", b"S"):
+                    raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} in the stream")
+            if out:
+                yield out
+            data = await self._reader.read(_READ_SIZE)
+            if not data:
+                raise SourceError(f"{self._params.where}: the server closed the replication connection")
+            buf.feed(data)
+
+    def send_status(self, reply: bool = False) -> None:
+        """Standby status update. ``flush`` is what the source set: never more than the durable checkpoint."""
+        if self.closed or not self._copy_both or self._writer.is_closing():
+            return
+        flush = self.flush_lsn
+        self._writer.write(p.standby_status_update(max(self.received_lsn, flush), flush, flush,
+                                                   time.time_ns() // 1000, reply))
+
+    async def _status_loop(self, interval: float) -> None:
+        while not self.closed:
+            await asyncio.sleep(interval)
+            try:
+                self.send_status()
+                await self._writer.drain()
+            except (OSError, RuntimeError):
+                return
+
+    # ------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._status_task is not None:
+            self._status_task.cancel()
+        with contextlib.suppress(Exception):
+            if self._copy_both:
+                # Final word: the flush position, then leave CopyBoth and say goodbye.
+                self._copy_both_final()
+            self._writer.write(p.terminate_message())
+            await asyncio.wait_for(self._writer.drain(), 2)
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._writer.wait_closed(), 2)
+
+    def _copy_both_final(self) -> None:
+        flush = self.flush_lsn
+        self._writer.write(p.standby_status_update(max(self.received_lsn, flush), flush, flush,
+                                                   time.time_ns() // 1000))
+        self._writer.write(p.copy_done())
+
+    def terminate(self) -> None:
+        self.closed = True
+        if self._status_task is not None:
+            self._status_task.cancel()
+        with contextlib.suppress(Exception):
+            self._writer.transport.abort()

@@ -1,0 +1,200 @@
+"""The initial snapshot: tables read in key order under one snapshot, in parallel.
+
+Every worker connection runs one ``REPEATABLE READ READ ONLY`` transaction
+that imports the same snapshot (the slot's exported one on a first start, a
+fresh exported one when resuming), so all tables are read as of one instant.
+Tables are spread over the workers; each table is read by one worker in
+key-ordered chunks (keyset pagination), so "last key acked" is a resume
+point. Tables without a key are read whole with a cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.events import ChangeEvent, Item, Mark, Op
+from cdcd.positions import PgPosition, parse_lsn
+from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
+from cdcd.sources.postgres.replication import ConnectParams
+from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.sources.postgres.types import Unrepresentable, key_text
+
+_DONE = object()
+
+
+@dataclass(slots=True)
+class SnapshotTable:
+    info: TableInfo
+    shape: TableShape
+    after: list[str] | None = None  # key (as text) of the last committed row: resume after it
+    rows: int = 0  # rows produced so far (including committed ones from earlier runs)
+    done: bool = False
+
+    def select_list(self) -> str:
+        exprs = []
+        for col, t in zip(self.shape.schema.columns, self.shape.types, strict=True):
+            q = quote_ident(col.name)
+            # Non-native types are read in their text output form, exactly what pgoutput sends.
+            exprs.append(q if t.driver_native else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
+        return ", ".join(exprs)
+
+    def chunk_sql(self, limit: int) -> str:
+        key = self.info.key
+        cols = ", ".join(quote_ident(k) for k in key)
+        types = {c.name: c.sql_type for c in self.info.columns}
+        where = ""
+        if self.after is not None:
+            params = ", ".join(f"CAST(${i + 1}::text AS {types[k]})" for i, k in enumerate(key))
+            where = f" WHERE ({cols}) > ({params})"
+        return f"SELECT {self.select_list()} FROM {quote_table(self.info.table)}{where} ORDER BY {cols} LIMIT {limit}"
+
+
+class SnapshotReader:
+    """Opens the snapshot transactions, then yields snapshot rows and per-table Marks."""
+
+    def __init__(self, params: ConnectParams, parallelism: int, chunk_rows: int, warnings: Warnings) -> None:
+        self._params = params
+        self._parallelism = parallelism
+        self._chunk_rows = chunk_rows
+        self._warnings = warnings
+        self._conns: list[Any] = []
+        self._exporter: Any = None
+        self.watermark_lsn: int | None = None
+
+    async def open(self, snapshot_name: str | None, workers: int) -> None:
+        """Start the worker transactions. With ``snapshot_name`` None, export a fresh snapshot first."""
+        workers = max(1, min(self._parallelism, workers))
+        try:
+            if snapshot_name is None:
+                self._exporter = await connect_sql(self._params)
+                await self._exporter.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                row = await self._exporter.fetchrow(
+                    "SELECT pg_export_snapshot() AS s, pg_current_wal_insert_lsn()::text AS l")
+                snapshot_name = str(row["s"])
+                self.watermark_lsn = parse_lsn(row["l"])
+            for _ in range(workers):
+                conn = await connect_sql(self._params)
+                self._conns.append(conn)
+                await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                await conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+        except BaseException:
+            await self.close()
+            raise
+
+    async def rows(self, tables: list[SnapshotTable], watermark: PgPosition) -> AsyncIterator[Item]:
+        """Snapshot rows of every table not done, a ``snapshot_table_done`` Mark after each table."""
+        todo: asyncio.Queue[SnapshotTable] = asyncio.Queue()
+        for t in tables:
+            if not t.done:
+                todo.put_nowait(t)
+        out: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * len(self._conns))
+        tasks = [asyncio.create_task(self._work(conn, todo, out, watermark)) for conn in self._conns]
+        running = len(tasks)
+        try:
+            while running:
+                got = await out.get()
+                if got is _DONE:
+                    running -= 1
+                    continue
+                if isinstance(got, BaseException):
+                    raise got
+                for item in got:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _work(self, conn: Any, todo: asyncio.Queue[SnapshotTable], out: asyncio.Queue[Any],
+                    watermark: PgPosition) -> None:
+        try:
+            while not todo.empty():
+                table = todo.get_nowait()
+                if table.info.key:
+                    await self._keyed(conn, table, out, watermark)
+                else:
+                    await self._whole(conn, table, out, watermark)
+                table.done = True
+                await out.put([Mark("snapshot_table_done", watermark, {"table": str(table.info.table)})])
+            await out.put(_DONE)
+        except asyncio.CancelledError:
+            raise
+        except asyncpg.InsufficientPrivilegeError as exc:
+            err: SourceError = SourceFatal(f"snapshot of {self._params.where}: {exc}; grant SELECT on the table "
+                                           "to source.user")
+            err.__cause__ = exc
+            await out.put(err)
+        except Exception as exc:  # handed to the consumer, which raises it in stream()
+            err = SourceError(f"snapshot of {self._params.where}: {exc}")
+            err.__cause__ = exc
+            await out.put(err)
+
+    async def _keyed(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
+        while True:
+            records = await conn.fetch(table.chunk_sql(self._chunk_rows), *(table.after or ()))
+            if not records:
+                return
+            events = self._events(table, records, watermark)
+            last = events[-1].after
+            assert last is not None
+            table.after = [key_text(last[k]) for k in table.info.key]
+            table.rows += len(events)
+            await out.put(events)
+            if len(records) < self._chunk_rows:
+                return
+
+    async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
+        sql = f"SELECT {table.select_list()} FROM {quote_table(table.info.table)}"
+        batch: list[Any] = []
+        async for record in conn.cursor(sql, prefetch=min(self._chunk_rows, 10000)):
+            batch.append(record)
+            if len(batch) >= self._chunk_rows:
+                table.rows += len(batch)
+                await out.put(self._events(table, batch, watermark))
+                batch = []
+        if batch:
+            table.rows += len(batch)
+            await out.put(self._events(table, batch, watermark))
+
+    def _events(self, table: SnapshotTable, records: list[Any], watermark: PgPosition) -> list[ChangeEvent]:
+        schema = table.shape.schema
+        convs = [(c.name, t.from_driver if t.driver_native else t.from_text)
+                 for c, t in zip(schema.columns, table.shape.types, strict=True)]
+        events: list[ChangeEvent] = []
+        for rec in records:
+            row: dict[str, Any] = {}
+            for i, (name, conv) in enumerate(convs):
+                v = rec[i]
+                if v is not None:
+                    try:
+                        v = conv(v)
+                    except (Unrepresentable, ValueError) as exc:
+                        self._warnings.once(schema.table, name, "value cannot be represented: landed as NULL",
+                                            error=str(exc))
+                        v = None
+                row[name] = v
+            events.append(ChangeEvent(Op.READ, schema, watermark, after=row, snapshot=True))
+        return events
+
+    async def close(self) -> None:
+        conns = [*self._conns, *([self._exporter] if self._exporter is not None else [])]
+        self._conns, self._exporter = [], None
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+
+    def terminate(self) -> None:
+        conns = [*self._conns, *([self._exporter] if self._exporter is not None else [])]
+        self._conns, self._exporter = [], None
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.terminate()

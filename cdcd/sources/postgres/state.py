@@ -1,0 +1,81 @@
+"""The PostgreSQL source's durable state and the pure ``fold`` that advances it.
+
+Durable state (what ``fold`` returns, saved in the checkpoint)::
+
+    {"slot": "cdcd" | None,            # None: initial_only (no slot)
+     "watermark": "0/16B3A40",         # snapshot watermark (the slot's consistent point)
+     "flush_lsn": "0/16B3B10",         # commit LSN of the last fully committed transaction (or heartbeat)
+     "snapshot": {"status": "running" | "done" | "none",
+                  "tables": {"public.t": {"last_key": ["42"], "rows": 42, "done": false}}}}
+
+The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
+the runtime confirmed durable: never beyond the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cdcd.events import ChangeEvent, Item
+from cdcd.positions import format_lsn, parse_lsn
+from cdcd.sources.postgres.types import key_text
+
+
+def fresh_state(slot: str | None, watermark: int, snapshot: bool) -> dict[str, Any]:
+    return {
+        "slot": slot,
+        "watermark": format_lsn(watermark),
+        "flush_lsn": format_lsn(watermark),
+        "snapshot": {"status": "running" if snapshot else "none", "tables": {}},
+    }
+
+
+def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
+    """The source state once ``items`` are committed. Pure; ``state`` is not modified."""
+    new = dict(state)
+    snap = dict(new.get("snapshot") or {"status": "none", "tables": {}})
+    tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (snap.get("tables") or {}).items()}
+    last: dict[str, ChangeEvent] = {}
+    counts: dict[str, int] = {}
+    for item in items:
+        if isinstance(item, ChangeEvent):
+            if item.snapshot:
+                name = str(item.table)
+                last[name] = item
+                counts[name] = counts.get(name, 0) + 1
+            continue
+        kind = item.kind
+        if kind == "commit":
+            _advance_flush(new, parse_lsn(item.detail["lsn"]))
+        elif kind == "heartbeat":
+            _advance_flush(new, item.position.lsn)  # type: ignore[union-attr]
+        elif kind == "snapshot_table_done":
+            _flush_rows(tables, last, counts)
+            tables.setdefault(item.detail["table"], {"last_key": None, "rows": 0})["done"] = True
+        elif kind == "snapshot_done":
+            snap["status"] = "done"
+        elif kind == "start":
+            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]), item.detail["snapshot"])
+            snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
+    _flush_rows(tables, last, counts)
+    snap["tables"] = tables
+    new["snapshot"] = snap
+    return new
+
+
+def _advance_flush(state: dict[str, Any], lsn: int) -> None:
+    # Never backwards: a transaction resent after a restart must not pull the slot's flush position back.
+    if lsn > parse_lsn(state.get("flush_lsn") or "0/0"):
+        state["flush_lsn"] = format_lsn(lsn)
+
+
+def _flush_rows(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent], counts: dict[str, int]) -> None:
+    for name, ev in last.items():
+        entry = tables.setdefault(name, {"last_key": None, "rows": 0, "done": False})
+        key = ev.key
+        entry["last_key"] = [key_text(v) for v in key] if key else None
+        entry["rows"] = int(entry.get("rows", 0)) + counts.get(name, 0)
+        entry.setdefault("done", False)
+    last.clear()
+    counts.clear()

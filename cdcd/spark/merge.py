@@ -1,0 +1,250 @@
+"""Apply the landed events of one table to its change-log and current-state mirror.
+
+The rule (DESIGN.md section 6): per key, the row with the highest position
+wins; deletes and the old key of a key change remove it; a truncate removes
+everything before its position; a column whose value was unavailable keeps
+the previous value. Existing mirror rows take part in the same ordering, so
+applying an event twice changes nothing. Only the hash buckets the events
+touch are rewritten (all of them on a truncate or a schema change).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdcd.spark.state import TableState
+
+MIRROR_META = ("_cdc_op", "_cdc_pos", "_cdc_tx", "_cdc_commit_ts", "_cdc_batch")
+BUCKET = "cdc_bucket"
+_KIND = "_cdc_kind"  # U upsert, D delete, E existing mirror row
+_RANK = "_cdc_rank"  # existing rows sort before events at the same position
+
+
+@dataclass(slots=True)
+class LandedFile:
+    seq: int
+    path: str
+    entry: dict[str, Any]  # the manifest's file entry
+
+
+@dataclass(slots=True)
+class TableResult:
+    state: TableState
+    files: list[tuple[str, str]] = field(default_factory=list)  # changelog renames
+    buckets: list[tuple[str | None, str]] = field(default_factory=list)  # (new dir or None, mirror bucket dir)
+    events: int = 0
+
+
+def read_events(spark: SparkSession, files: list[LandedFile]) -> DataFrame:
+    """The landed rows of one table; files of different schema versions are unioned by name."""
+    groups: list[list[LandedFile]] = []
+    for f in files:
+        if groups and groups[-1][-1].entry["table"]["columns"] == f.entry["table"]["columns"]:
+            groups[-1].append(f)
+        else:
+            groups.append([f])
+    frames = [spark.read.parquet(*[f.path for f in g]) for g in groups]
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df, allowMissingColumns=True)
+    return out
+
+
+def _null_safe_join(left: DataFrame, right: DataFrame, cols: list[str]) -> DataFrame:
+    cond = [left[c].eqNullSafe(right[c]) for c in cols]
+    return left.join(right, on=cond, how="left_anti")
+
+
+def _changelog_events(
+    spark: SparkSession, events: DataFrame, key: list[str], prev: TableState, run_id: str, changelog: Path
+) -> DataFrame:
+    """Drop events the change-log already holds (re-delivered after a daemon crash).
+
+    Positions below the watermark were applied in order before; at the
+    watermark itself only snapshot rows of the same landing run are surely
+    new (they share one position), anything else is checked against the log.
+    """
+    w = F.lit(prev.watermark)
+    same_run_snapshot = F.col("_cdc_snapshot") & F.lit(run_id == prev.run_id)
+    ambiguous = (F.col("_cdc_pos") == w) & ~same_run_snapshot
+    if not any(changelog.glob("*.parquet")):
+        return events
+    logged = (
+        spark.read.option("mergeSchema", "true")
+        .parquet(str(changelog))
+        .filter(F.col("_cdc_pos") == w)
+        .select("_cdc_pos", "_cdc_op", *key)
+        .distinct()
+    )
+    return events.filter(~ambiguous).unionByName(
+        _null_safe_join(events.filter(ambiguous), logged, ["_cdc_pos", "_cdc_op", *key])
+    )
+
+
+def _bucket(key: list[Column], buckets: int) -> Column:
+    return F.pmod(F.xxhash64(*key), F.lit(buckets)).cast("int")
+
+
+def apply_table(
+    spark: SparkSession,
+    table: str,
+    files: list[LandedFile],
+    prev: TableState,
+    run_id: str,
+    table_dir: Path,
+    changelog_dir: Path,
+    work: Path,
+    default_buckets: int,
+) -> TableResult:
+    """Stage the change-log files and the rewritten mirror buckets of one table.
+
+    Three Spark jobs whatever the number of landed batches: the change-log
+    write, one aggregate (event count, truncate, touched buckets) and the
+    mirror write. The events are cached for them when more than one file is read.
+    """
+    latest = files[-1].entry["table"]
+    cols: list[str] = [c["name"] for c in latest["columns"]]
+    key: list[str] = list(latest["key"]) or cols
+    buckets = prev.buckets or default_buckets
+    events = read_events(spark, files)
+    if prev.watermark:
+        events = events.filter(F.col("_cdc_pos") >= F.lit(prev.watermark))
+    events = events.persist()
+    try:
+        return _apply(spark, events, table, files, cols, key, buckets, prev, run_id, table_dir, changelog_dir, work)
+    finally:
+        events.unpersist()
+
+
+def _apply(
+    spark: SparkSession,
+    events: DataFrame,
+    table: str,
+    files: list[LandedFile],
+    cols: list[str],
+    key: list[str],
+    buckets: int,
+    prev: TableState,
+    run_id: str,
+    table_dir: Path,
+    changelog_dir: Path,
+    work: Path,
+) -> TableResult:
+    types = {f.name: f.dataType for f in events.schema.fields}
+    columns = [[c, types[c].simpleString()] for c in cols]
+    last_pos = max(f.entry["last_position"] for f in files)
+    state = TableState(max(prev.watermark, last_pos), run_id, columns, buckets)
+    result = TableResult(state)
+    has_before_key = "_cdc_before_key" in events.columns
+
+    # change-log: every new event, each file in position order (no coalesce: it would serialise the job)
+    first_pos = min(f.entry["first_position"] for f in files)
+    log = events
+    if prev.watermark and first_pos <= prev.watermark:
+        log = _changelog_events(spark, events, key, prev, run_id, changelog_dir)
+    staged_log = work / "changelog"
+    log.sortWithinPartitions("_cdc_pos", "_cdc_batch", "_cdc_index").write.parquet(str(staged_log))
+    tag = uuid.uuid4().hex[:12]  # a replayed batch must never overwrite the log files of its first application
+    for n, part in enumerate(sorted(staged_log.glob("part-*.parquet"))):
+        result.files.append((str(part), str(changelog_dir / f"{files[0].seq:020d}-{tag}-{n:04d}.parquet")))
+
+    # one round trip for everything the plan below depends on
+    row_bucket = F.when(F.col("_cdc_op") != "t", _bucket([F.col(k).cast(types[k]) for k in key], buckets))
+    touched_sets = [F.collect_set(row_bucket)]
+    if has_before_key:
+        moved = [F.col("_cdc_before_key").getField(k).cast(types[k]) for k in key]
+        touched_sets.append(F.collect_set(F.when(F.col("_cdc_before_key").isNotNull(), _bucket(moved, buckets))))
+    agg = events.agg(
+        F.count(F.lit(1)),
+        F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))),
+        F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))),
+        *touched_sets,
+    ).first()
+    assert agg is not None
+    result.events = int(agg[0])
+    truncate_pos: str | None = agg[1]
+    unavailable = set(agg[2] or ())
+    touched = {int(b) for s in agg[3:] for b in s}
+    schema_changed = bool(prev.columns) and prev.columns != columns
+    rewrite_all = truncate_pos is not None or schema_changed
+    if rewrite_all and table_dir.is_dir():
+        touched |= {int(d.name.split("=", 1)[1]) for d in table_dir.glob(f"{BUCKET}=*")}
+
+    def shaped(df: DataFrame, kind: str, key_from: dict[str, Column] | None = None) -> DataFrame:
+        picks = [(key_from[c] if key_from and c in key_from else F.col(c)).cast(types[c]).alias(c) for c in cols]
+        return df.select(
+            *picks,
+            *[F.col(m) for m in MIRROR_META],
+            F.lit(kind).alias(_KIND),
+            F.lit(1).alias(_RANK),
+            F.col("_cdc_index"),
+            F.col("_cdc_unavailable"),
+        )
+
+    rows = events.filter(F.col("_cdc_op") != "t")
+    actions = shaped(rows.filter(F.col("_cdc_op").isin("c", "u", "r")), "U").unionByName(
+        shaped(rows.filter(F.col("_cdc_op") == "d"), "D")
+    )
+    if has_before_key:
+        moved_keys = {k: F.col("_cdc_before_key").getField(k) for k in key}
+        actions = actions.unionByName(shaped(rows.filter(F.col("_cdc_before_key").isNotNull()), "D", moved_keys))
+    if truncate_pos is not None:
+        actions = actions.filter(F.col("_cdc_pos") >= F.lit(truncate_pos))
+    merged = actions
+    existing_dirs = [str(d) for d in (table_dir / f"{BUCKET}={b}" for b in sorted(touched)) if d.is_dir()]
+    if existing_dirs:
+        old = spark.read.option("basePath", str(table_dir)).parquet(*existing_dirs)
+        have = set(old.columns)
+        old = old.select(
+            *[(F.col(c) if c in have else F.lit(None)).cast(types[c]).alias(c) for c in cols],
+            *[F.col(m) for m in MIRROR_META],
+            F.lit("E").alias(_KIND),
+            F.lit(0).alias(_RANK),
+            F.lit(0).cast("long").alias("_cdc_index"),
+            F.array().cast("array<string>").alias("_cdc_unavailable"),
+        )
+        if truncate_pos is not None:
+            old = old.filter(F.col("_cdc_pos") >= F.lit(truncate_pos))
+        merged = actions.unionByName(old)
+    # the bucket is recomputed for old rows too: a key column's type change moves them
+    merged = merged.withColumn(BUCKET, _bucket([F.col(k) for k in key], buckets))
+
+    order = F.struct("_cdc_pos", _RANK, "_cdc_batch", "_cdc_index")
+    others = [c for c in cols if c not in key]
+    # The latest change gives the whole row, except columns some event left unavailable: those
+    # take the latest row that has them (one aggregate each, so only for the columns concerned).
+    kept = [c for c in others if c in unavailable]
+    provides = [
+        F.max_by(
+            F.struct(F.col(c).alias("v")),
+            F.when((F.col(_KIND) != "D") & ~F.array_contains("_cdc_unavailable", c), order),
+        ).alias(f"_v{i}")
+        for i, c in enumerate(kept)
+    ]
+    whole = [c for c in others if c not in unavailable]
+    final = F.max_by(F.struct(*[F.col(c) for c in (*whole, *MIRROR_META, _KIND)]), order).alias("_f")
+    # partitioned by bucket first: the grouping reuses that shuffle and each task writes whole buckets
+    grouped = merged.repartition(BUCKET).groupBy(BUCKET, *key).agg(final, *provides)
+
+    def value(c: str) -> Column:
+        if c in kept:
+            return F.col(f"_v{kept.index(c)}").getField("v")
+        return F.col("_f").getField(c) if c in whole else F.col(c)
+
+    out = grouped.filter(F.col("_f").getField(_KIND) != "D").select(
+        *[value(c).alias(c) for c in cols],
+        *[F.col("_f").getField(m).alias(m) for m in MIRROR_META],
+        F.col(BUCKET),
+    )
+    staged = work / "mirror"
+    out.write.partitionBy(BUCKET).parquet(str(staged))
+    for b in sorted(touched):
+        new = staged / f"{BUCKET}={b}"
+        result.buckets.append((str(new) if new.is_dir() else None, str(table_dir / f"{BUCKET}={b}")))
+    return result

@@ -1,0 +1,142 @@
+"""Read the captured tables from the source in one consistent snapshot, for `cdcd verify`.
+
+Each column is read the way the source lands it: driver-native where the
+driver's Python value is the landed value, else in PostgreSQL's text form
+(with the sources' session settings) so that strings compare with strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cdcd.config import Config
+from cdcd.errors import SourceError
+from cdcd.events import TableId
+
+#: The PostgreSQL source's session settings: its text forms are what it lands.
+PG_SESSION = {
+    "TimeZone": "UTC",
+    "DateStyle": "ISO, YMD",
+    "IntervalStyle": "iso_8601",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+}
+_PG_NATIVE = {"bool", "int2", "int4", "int8", "oid", "float4", "float8", "text", "varchar", "bpchar", "bytea",
+              "date", "time", "timestamp", "timestamptz", "json", "jsonb", "name"}
+
+
+@dataclass(slots=True)
+class SourceColumn:
+    name: str
+    float32: bool
+    is_json: bool
+
+
+@dataclass(slots=True)
+class SourceTable:
+    table: TableId
+    columns: list[SourceColumn]
+    key: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def _qi(name: str, quote: str) -> str:
+    return quote + name.replace(quote, quote * 2) + quote
+
+
+async def read_postgres(config: Config) -> list[SourceTable]:
+    import asyncpg
+
+    src = config.source
+    try:
+        conn = await asyncpg.connect(
+            host=src.host, port=src.effective_port, user=src.user, password=src.secret(), database=src.database,
+            server_settings=PG_SESSION, timeout=src.connect_timeout_s,
+        )
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise SourceError(f"verify: cannot connect to PostgreSQL {src.host}:{src.effective_port}: {exc}") from exc
+    try:
+        out = []
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            for t in src.table_ids:
+                out.append(await _pg_table(conn, t))
+        return out
+    finally:
+        await conn.close()
+
+
+async def _pg_table(conn: Any, t: TableId) -> SourceTable:
+    cols = await conn.fetch(
+        """SELECT a.attname, ty.typname, a.atttypmod, ety.typname AS elem
+             FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
+             LEFT JOIN pg_type ety ON ety.oid = ty.typelem AND ty.typcategory = 'A'
+            WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""",
+        f"{_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}",
+    )
+    if not cols:
+        raise SourceError(f"verify: table {t} does not exist in the source")
+    key = [r[0] for r in await conn.fetch(
+        """SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
+            AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1::regclass AND i.indisprimary""",
+        f"{_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}",
+    )]
+    exprs, columns = [], []
+    for name, typ, typmod, elem in cols:
+        q = _qi(name, '"')
+        base = elem or typ
+        numeric_native = base == "numeric" and typmod > 0 and ((typmod - 4) >> 16) <= 38
+        if base in _PG_NATIVE or numeric_native:
+            exprs.append(q)
+        else:
+            exprs.append(f"{q}::text[]" if elem else f"{q}::text")
+        columns.append(SourceColumn(name, base == "float4", base in ("json", "jsonb")))
+    sql = f"SELECT {', '.join(exprs)} FROM {_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}"
+    rows = [tuple(r) for r in await conn.fetch(sql)]
+    return SourceTable(t, columns, key or [c.name for c in columns], rows)
+
+
+async def read_mysql(config: Config) -> list[SourceTable]:
+    import aiomysql
+
+    src = config.source
+    try:
+        conn = await aiomysql.connect(
+            host=src.host, port=src.effective_port, user=src.user, password=src.secret() or "",
+            db=src.database, connect_timeout=src.connect_timeout_s, autocommit=True,
+        )
+    except Exception as exc:
+        raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
+    try:
+        async with conn.cursor() as cur:
+            await cur.execute("SET time_zone = '+00:00'")
+            await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            out = [await _my_table(cur, t) for t in src.table_ids]
+            await cur.execute("COMMIT")
+        return out
+    finally:
+        conn.close()
+
+
+async def _my_table(cur: Any, t: TableId) -> SourceTable:
+    await cur.execute(
+        """SELECT COLUMN_NAME, DATA_TYPE, COLUMN_KEY FROM information_schema.COLUMNS
+            WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION""",
+        (t.schema, t.name),
+    )
+    cols = list(await cur.fetchall())
+    if not cols:
+        raise SourceError(f"verify: table {t} does not exist in the source")
+    columns = [SourceColumn(c[0], c[1].lower() == "float", c[1].lower() == "json") for c in cols]
+    key = [c[0] for c in cols if c[2] == "PRI"]
+    names = ", ".join(_qi(c.name, "`") for c in columns)
+    await cur.execute(f"SELECT {names} FROM {_qi(t.schema, '`')}.{_qi(t.name, '`')}")
+    rows = [tuple(r) for r in await cur.fetchall()]
+    return SourceTable(t, columns, key or [c.name for c in columns], rows)
+
+
+async def read_source(config: Config) -> list[SourceTable]:
+    if config.source.kind == "postgres":
+        return await read_postgres(config)
+    return await read_mysql(config)

@@ -1,0 +1,127 @@
+"""The consumer's own commit record in the target: state file and redo journal.
+
+``TARGET/state/consumer.json`` says which landed batches are in the target
+and, per table, the highest applied position (the dedupe watermark). A
+micro-batch is staged under ``TARGET/work/``, then committed by writing
+``TARGET/state/journal.json`` (the moves to make and the new state); the
+moves are replayed from the journal after a crash, so a micro-batch is in
+the target entirely or not at all, whatever Spark's own checkpoint says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdcd.fsutil import fsync_dir, write_durably
+
+STATE_DIR = "state"
+WORK_DIR = "work"
+TABLES_DIR = "tables"
+CHANGELOG_DIR = "changelog"
+
+
+@dataclass(slots=True)
+class TableState:
+    watermark: str = ""  # highest applied _cdc_pos
+    run_id: str = ""  # landing run that applied it (snapshot rows share one position inside a run)
+    columns: list[list[str]] = field(default_factory=list)  # the mirror's [name, spark type]
+    buckets: int = 0
+
+
+@dataclass(slots=True)
+class ConsumerState:
+    applied_seq: int = 0
+    tables: dict[str, TableState] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"applied_seq": self.applied_seq, "tables": {k: asdict(v) for k, v in self.tables.items()}}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ConsumerState:
+        return cls(int(doc["applied_seq"]), {k: TableState(**v) for k, v in doc.get("tables", {}).items()})
+
+
+class TargetStore:
+    """File-level operations on the target directory (a local or shared POSIX path)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.state_dir = target / STATE_DIR
+        self.work_dir = target / WORK_DIR
+        for d in (target, self.state_dir, self.work_dir, target / TABLES_DIR, target / CHANGELOG_DIR):
+            d.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.json"
+
+    def table_dir(self, table: str) -> Path:
+        return self.target / TABLES_DIR / table
+
+    def changelog_dir(self, table: str) -> Path:
+        return self.target / CHANGELOG_DIR / table
+
+    def load(self) -> ConsumerState:
+        path = self.state_dir / "consumer.json"
+        if not path.exists():
+            return ConsumerState()
+        return ConsumerState.from_json(json.loads(path.read_text()))
+
+    def save(self, state: ConsumerState) -> None:
+        write_durably(self.state_dir / "consumer.json", json.dumps(state.to_json(), indent=1).encode())
+
+    def commit(self, journal: dict[str, Any]) -> ConsumerState:
+        """Make the staged micro-batch the target's content: journal first, then the moves."""
+        write_durably(self.journal_path, json.dumps(journal).encode())
+        return self.roll_forward()
+
+    def recover(self) -> ConsumerState:
+        """After a crash: finish a committed micro-batch, drop an uncommitted one."""
+        if self.journal_path.exists():
+            return self.roll_forward()
+        self._clear_work()
+        return self.load()
+
+    def roll_forward(self) -> ConsumerState:
+        journal = json.loads(self.journal_path.read_text())
+        trash = self.work_dir / "trash"
+        trash.mkdir(exist_ok=True)
+        for src, dst in journal["files"]:  # changelog files: plain idempotent renames
+            s, d = Path(src), Path(dst)
+            if s.exists():
+                d.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(s, d)
+                fsync_dir(d.parent)
+        for n, (new, dst) in enumerate(journal["buckets"]):  # mirror buckets: replace the directory
+            d = Path(dst)
+            if new is not None and not Path(new).exists():
+                continue  # replaced before the crash
+            if new is None and not d.exists():
+                continue  # an emptied bucket that never existed, or removed before the crash
+            if d.exists():
+                old = trash / str(n)
+                if old.exists():
+                    shutil.rmtree(old)
+                os.replace(d, old)
+            if new is not None:
+                d.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(new, d)
+            fsync_dir(d.parent)
+        state = ConsumerState.from_json(journal["state"])
+        self.save(state)
+        self.journal_path.unlink()
+        fsync_dir(self.state_dir)
+        self._clear_work()
+        return state
+
+    def _clear_work(self) -> None:
+        for entry in self.work_dir.iterdir():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()

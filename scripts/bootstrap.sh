@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Make this Debian machine ready for cdcd: database servers, Java, and .venv.
+# Installs only what is missing; a second run on a ready machine takes seconds.
+# It never starts, stops or reconfigures the machine's own database services.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+STAMP="$VENV/.cdcd-installed"
+
+step() { CURRENT_STEP="$1"; }
+fail() { echo "bootstrap: step '$CURRENT_STEP' failed: $*" >&2; exit 1; }
+trap 'fail "command exited with status $? (line $LINENO); see the messages above"' ERR
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        fail "needs root to install system packages ($*); run as root or install sudo"; fi
+}
+
+have_pg() { compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && compgen -G "/usr/lib/postgresql/*/bin/pg_recvlogical" >/dev/null; }
+have_maria() { [ -x /usr/sbin/mariadbd ] && command -v mariadb-install-db >/dev/null && command -v mariadb >/dev/null && command -v mariadb-binlog >/dev/null; }
+have_java() { command -v java >/dev/null; }
+
+missing=()
+step "check system packages"
+have_pg || missing+=(postgresql postgresql-client)
+have_maria || missing+=(mariadb-server mariadb-client)
+have_java || missing+=(default-jre-headless)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    step "install ${missing[*]}"
+    echo "bootstrap: installing ${missing[*]}" >&2
+    # Keep package scripts from creating or starting the machine's own database services:
+    # the tests start their own servers in temporary directories.
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | as_root tee "$policy" >/dev/null
+        as_root chmod +x "$policy"
+        trap 'as_root rm -f "$policy"' EXIT
+    fi
+    as_root mkdir -p /etc/postgresql-common
+    [ -e /etc/postgresql-common/createcluster.conf ] || \
+        echo "create_main_cluster = false" | as_root tee /etc/postgresql-common/createcluster.conf >/dev/null
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq >/dev/null || fail "apt-get update could not reach the Debian package registry"
+    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+        || fail "apt-get install ${missing[*]} failed; run it by hand to see why"
+fi
+
+step "python"
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || fail "$PYTHON is older than 3.11; install Python 3.11+ or set PYTHON=/path/to/python3.11"
+
+step "virtual environment"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+want=$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+    step "pip install -e .[dev,spark]"
+    log="$VENV/pip-install.log"
+    { "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip &&
+      "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev,spark]"; } >"$log" 2>&1 \
+        || { tail -n 30 "$log" >&2; fail "pip could not install the project (full log: $log)"; }
+    echo "$want" > "$STAMP"
+fi

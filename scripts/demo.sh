@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole cdcd pipeline on throwaway local databases, in a few minutes:
+# PostgreSQL and MariaDB in temporary directories, a small shop schema, one cdcd
+# daemon per database (snapshot, then streaming while a workload writes), the
+# Spark consumer, `cdcd verify`, a summary. Everything it starts is stopped.
+#   scripts/demo.sh [--workload-seconds N] [--no-spark] [--clean]
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$ROOT/scripts/bootstrap.sh"
+cd "$ROOT"
+exec "$ROOT/.venv/bin/python" -m cdcd.daemon.demo "$@"

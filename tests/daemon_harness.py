@@ -1,0 +1,115 @@
+"""The daemon as a real process for crash tests: start `cdcd run`, wait, SIGKILL, read what landed.
+
+Batches are held unacked with ``landing.ack = "consumed"``; the test plays the consumer by writing
+"consumed" markers for the batches it wants acked. Subclasses supply the source's config sections.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cdcd.checkpoint.store import Checkpoint
+from cdcd.sinks.landing import LandedBatch, mark_consumed, read_batches
+
+CDCD = str(Path(sys.executable).with_name("cdcd"))
+WAIT_S = 90.0
+
+
+def rows(batch: LandedBatch) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for table in batch.tables.values():
+        out.extend(table.to_pylist())
+    return out
+
+
+class DaemonHarness(abc.ABC):
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.landing, self.state = tmp / "landing", tmp / "state"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.log = tmp / "daemon-0.log"
+
+    @abc.abstractmethod
+    def source_sections(self) -> dict[str, dict[str, Any]]:
+        """The ``source`` (and ``source.<kind>``) sections of the daemon's config."""
+
+    def config(self, ack: str, **extra: dict[str, Any]) -> Path:
+        doc: dict[str, dict[str, Any]] = {
+            **self.source_sections(),
+            "snapshot": {"chunk_rows": 25},
+            "state": {"path": str(self.state)},
+            "landing": {"path": str(self.landing), "ack": ack, "max_batch_events": 20, "max_batch_delay_ms": 50},
+            "runtime": {"max_inflight_batches": 4, "shutdown_grace_s": 5},
+            "http": {"listen": ""},
+            "log": {"format": "json", "level": "info"},
+        }
+        for k, v in extra.items():
+            doc.setdefault(k, {}).update(v)
+        path = self.tmp / f"cdcd-{len(self.procs)}.toml"
+        path.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in vals.items())
+                                for s, vals in doc.items()))
+        return path
+
+    def start(self, ack: str, **extra: dict[str, Any]) -> subprocess.Popen[bytes]:
+        cfg = self.config(ack, **extra)
+        self.log = self.tmp / f"daemon-{len(self.procs)}.log"
+        proc = subprocess.Popen([CDCD, "run", "-c", str(cfg)], stdout=open(self.log, "wb"),  # noqa: SIM115
+                                stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, what: str, predicate: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+        deadline = time.monotonic() + timeout
+        proc = self.procs[-1] if self.procs else None
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"daemon exited ({proc.returncode}) waiting for {what}:\n{self.tail()}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return self.log.read_text()[-3000:] if self.log.exists() else ""
+
+    def kill(self) -> None:
+        self.procs[-1].send_signal(signal.SIGKILL)
+        self.procs[-1].wait(30)
+
+    def batches(self) -> list[LandedBatch]:
+        return read_batches(self.landing) if self.landing.exists() else []
+
+    def checkpoint(self) -> Checkpoint | None:
+        # Read the file directly, as any reader of a running daemon's state directory should.
+        path = self.state / "checkpoint.json"
+        try:
+            return Checkpoint.from_bytes(path.read_bytes(), path)
+        except FileNotFoundError:
+            return None
+
+    def consume_upto(self, n_events: int) -> tuple[list[dict[str, Any]], int]:
+        """Mark consumed the landed batches, in order, until at least ``n_events`` events are acked."""
+        acked: list[dict[str, Any]] = []
+        last = 0
+        for b in self.batches():
+            if len(acked) >= n_events:
+                break
+            mark_consumed(self.landing, b.seq)
+            acked += rows(b)
+            last = b.seq
+        return acked, last
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()

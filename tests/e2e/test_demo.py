@@ -1,0 +1,47 @@
+"""scripts/demo.sh runs to completion and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _processes_under(directory: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        with_dir = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
+        if str(directory) in with_dir:
+            found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_demo_runs_and_leaves_nothing_running() -> None:
+    # Every temporary directory of the demo (servers, daemons, Spark) lands under one directory that the
+    # database servers' unprivileged user may use (pytest's tmp_path is private to root).
+    tmp_path = Path(tempfile.mkdtemp(prefix="cdcd-demo-test-"))
+    os.chmod(tmp_path, 0o1777)  # like /tmp: the servers write their own temporary files here
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    try:
+        proc = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--workload-seconds", "3", "--clean"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
+                              start_new_session=True)
+        leftovers = _processes_under(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "== cdcd demo summary ==" in out and "stopped everything the demo started" in out
+    for name in ("postgres", "mariadb"):
+        line = next(line for line in out.splitlines() if line.startswith(name))
+        assert "spark ok" in line and "verify ok" in line, line
+    assert leftovers == []

@@ -1,0 +1,146 @@
+"""The Spark consumer as a real process, SIGKILLed while it applies a micro-batch, then rerun:
+the mirror equals the source (`cdcd verify`), holds each key once and the change-log holds each
+event once. The landing zone comes from two daemon runs (the first SIGKILLed, so batches are
+re-delivered), which makes two merges: the kill lands in the second one, after the first committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+
+from cdcd.devservers import PostgresServer, free_port
+from cdcd.sinks.landing import consumed_seqs, read_batches
+
+pytestmark = pytest.mark.spark
+CDCD = str(Path(sys.executable).with_name("cdcd"))
+
+
+def wait_for(what: str, predicate: Callable[[], Any], proc: subprocess.Popen[bytes], timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode} while waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def spawn(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    log = open(tmp_path / f"{args[0]}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - owned by the child
+    return subprocess.Popen([CDCD, *args], stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+
+
+def runs(landing: Path) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for b in read_batches(landing):
+        out.setdefault(b.manifest["run_id"], []).append(b.seq)
+    return out
+
+
+def landed_ids(landing: Path) -> set[Any]:
+    return {r.get("id") for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()}
+
+
+def workload(pg: PostgresServer, db: str, base: int) -> None:
+    pg.psql(
+        f"""INSERT INTO orders SELECT g, g * 1.5, 'n' || g FROM generate_series({base}, {base + 1999}) g;
+            UPDATE orders SET amount = amount + 1 WHERE id % 7 = 0;
+            UPDATE orders SET id = id + 500000 WHERE id BETWEEN {base} AND {base + 9};
+            DELETE FROM orders WHERE id BETWEEN {base + 100} AND {base + 149};
+            INSERT INTO items SELECT g, 'i' || g FROM generate_series({base}, {base + 499}) g;
+            UPDATE items SET v = 'changed' WHERE k % 5 = 0;""",
+        db,
+    )
+
+
+def test_spark_consumer_killed_mid_micro_batch_converges(
+    pg_server: PostgresServer, pg_db: str, tmp_path: Path
+) -> None:
+    pg_server.psql(
+        "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(12,2), note text);"
+        "CREATE TABLE items (k int PRIMARY KEY, v text);"
+        "INSERT INTO orders SELECT g, g, 'snap' FROM generate_series(1, 1000) g;",
+        pg_db,
+    )
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    cfg = tmp_path / "cdcd.toml"
+    cfg.write_text(f"""[source]
+kind = "postgres"
+port = {pg_server.port}
+user = "postgres"
+database = "{pg_db}"
+tables = ["public.orders", "public.items"]
+[source.postgres]
+slot = "s_{pg_db}"
+publication = "p_{pg_db}"
+[state]
+path = "{tmp_path / 'state'}"
+[landing]
+path = "{landing}"
+max_batch_events = 500
+max_batch_delay_ms = 50
+[http]
+listen = "127.0.0.1:{free_port()}"
+[log]
+format = "json"
+""")
+    daemon = spawn(tmp_path, "run", "-c", str(cfg))
+    try:
+        workload(pg_server, pg_db, 10000)
+        pg_server.psql("INSERT INTO orders VALUES (900001, 0, 'sentinel')", pg_db)
+        wait_for("first sentinel landed", lambda: 900001 in landed_ids(landing), daemon)
+        daemon.kill()  # unacknowledged batches are landed again by the next run, under new seqs
+        daemon.wait()
+        workload(pg_server, pg_db, 20000)
+        pg_server.psql("INSERT INTO orders VALUES (900002, 0, 'sentinel')", pg_db)
+        daemon = spawn(tmp_path, "run", "-c", str(cfg))
+        wait_for("second sentinel landed", lambda: 900002 in landed_ids(landing), daemon)
+    finally:
+        daemon.kill()
+        daemon.wait()
+    first_run, second_run = runs(landing).values()
+
+    # Kill once the first run's merge has committed (its batches are marked consumed) and the
+    # second's has begun staging: the merge takes seconds, the poll 20 ms.
+    consumer = spawn(tmp_path, "spark", "run", "--landing", str(landing), "--target", str(target), "--once")
+    try:
+        wait_for(
+            "the second merge staging",
+            lambda: set(first_run) <= set(consumed_seqs(landing)) and any((target / "work").glob("*/t*")),
+            consumer,
+        )
+        consumer.send_signal(signal.SIGKILL)
+        consumer.wait()
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+    applied = json.loads((target / "state" / "consumer.json").read_text())["applied_seq"]
+    assert applied == first_run[-1], "the kill did not land inside the second merge"
+    assert not set(second_run) & set(consumed_seqs(landing))
+
+    rerun = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target), "--once"],
+                           capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert consumed_seqs(landing) == sorted(first_run + second_run)
+    assert not any((target / "work").iterdir())
+    verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+    for table, key in (("public.orders", "id"), ("public.items", "k")):
+        keys = ds.dataset(target / "tables" / table).to_table(columns=[key]).column(key).to_pylist()
+        assert len(keys) == len(set(keys)), f"{table}: a key is in the mirror twice"
+        log = ds.dataset(target / "changelog" / table).to_table(columns=["_cdc_pos", "_cdc_op", key]).to_pylist()
+        events = [(r["_cdc_pos"], r["_cdc_op"], r[key]) for r in log]
+        assert len(events) == len(set(events)), f"{table}: an event is in the change-log twice"

@@ -1,0 +1,94 @@
+"""Drive a Source the way the runtime does, without the runtime (shared by the source tests)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Self
+
+from cdcd.events import ChangeEvent, Item, Mark
+from cdcd.positions import Position
+from cdcd.runtime.interfaces import ResumePoint, Source
+
+
+class SourceDriver:
+    """Pulls items from a source; ``commit()`` folds and confirms like the runtime's commit barrier."""
+
+    def __init__(self, source: Source, position: Position | None = None, state: dict[str, Any] | None = None) -> None:
+        self.source = source
+        self.position = position
+        self.state: dict[str, Any] = state or {}
+        self.pending: list[Item] = []
+        self._iter: AsyncIterator[Item] | None = None
+        self.ended = False
+
+    async def __aenter__(self) -> Self:
+        await self.source.connect(ResumePoint(self.position, self.state))
+        self._iter = self.source.stream().__aiter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._iter is not None:
+            await self._iter.aclose()  # type: ignore[attr-defined]
+            self._iter = None
+        await self.source.close()
+
+    async def next(self, timeout: float = 30) -> Item | None:
+        assert self._iter is not None
+        while True:
+            try:
+                item = await asyncio.wait_for(self._iter.__anext__(), timeout)
+            except StopAsyncIteration:
+                self.ended = True
+                return None
+            # The runtime drops already-committed stream events on resume.
+            if isinstance(item, ChangeEvent) and not item.snapshot and self.position is not None \
+                    and item.position <= self.position:
+                continue
+            self.pending.append(item)
+            return item
+
+    async def take(self, pred: Callable[[list[Item]], bool], timeout: float = 60) -> list[Item]:
+        """Pull until ``pred(items pulled so far)`` holds (or the stream ends)."""
+        got: list[Item] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not pred(got):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"condition not met; got {len(got)} items: {got[-5:]}")
+            item = await self.next(remaining)
+            if item is None:
+                break
+            got.append(item)
+        return got
+
+    async def events(self, n: int, timeout: float = 60) -> list[ChangeEvent]:
+        """Pull until ``n`` change events came (counting as we go: big ``n`` must stay linear)."""
+        out: list[ChangeEvent] = []
+
+        def enough(got: list[Item]) -> bool:
+            if got and isinstance(got[-1], ChangeEvent):
+                out.append(got[-1])
+            return len(out) >= n
+
+        await self.take(enough, timeout)
+        return out
+
+    async def until_mark(self, kind: str, timeout: float = 60) -> list[Item]:
+        """Pull until a Mark of ``kind`` came."""
+        return await self.take(lambda items: bool(items) and isinstance(items[-1], Mark) and items[-1].kind == kind,
+                               timeout)
+
+    async def commit(self, count: int | None = None) -> None:
+        """Commit the first ``count`` pending items (all by default): fold, 'save', confirm."""
+        count = len(self.pending) if count is None else count
+        done, self.pending = self.pending[:count], self.pending[count:]
+        if not done:
+            return
+        self.state = self.source.fold(self.state, done)
+        self.position = done[-1].position
+        await self.source.confirm(self.position, self.state)
