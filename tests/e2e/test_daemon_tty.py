@@ -47,7 +47,8 @@ def test_live_display_on_a_tty(pg_server: PostgresServer, pg_db: str, tmp_path: 
                               for name, values in sections.items()))
     screen = tmp_path / "screen.txt"
     # script(1) gives the daemon a pseudo-terminal as stdout, as an operator's shell would.
-    proc = subprocess.Popen(["script", "-qfec", f"{CDCD} run -c {config}", str(screen)],
+    # `exec` so the shell script(1) starts is replaced by the daemon: the exit status is the daemon's own.
+    proc = subprocess.Popen(["script", "-qfec", f"exec {CDCD} run -c {config}", str(screen)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def text() -> str:
@@ -64,8 +65,9 @@ def test_live_display_on_a_tty(pg_server: PostgresServer, pg_db: str, tmp_path: 
 
         _wait("the streaming status line", drain)
     finally:
+        # Only the daemon gets the stop signal; a shell in between would die of it and hide the exit code.
         for child in psutil.Process(proc.pid).children(recursive=True):
-            if child.name() == "cdcd" or "cdcd" in " ".join(child.cmdline()):
+            if child.name() == "cdcd":
                 child.send_signal(signal.SIGTERM)
         proc.wait(60)
     assert proc.returncode == 0
