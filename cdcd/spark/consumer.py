@@ -157,9 +157,9 @@ def run(
         _log(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
         return 2
     if fmt != "parquet":
-        from cdcd.spark.lakehouse import check_format
+        from cdcd.spark.lakehouse import prepare_run
 
-        problem = check_format(session(), fmt)
+        problem = prepare_run(fmt, Path(target))  # classpath, session extensions, target's format
         if problem:
             _log(problem)
             return 2
@@ -168,7 +168,12 @@ def run(
         _log(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return 2
     spark = session()
-    consumer = Consumer(spark, landing_path, target_path, buckets)
+    if fmt == "parquet":
+        consumer = Consumer(spark, landing_path, target_path, buckets)
+    else:
+        from cdcd.spark.lakehouse import LakehouseConsumer
+
+        consumer = LakehouseConsumer(spark, landing_path, target_path, fmt)
     try:
         consumer.apply_upto(max(landed_seqs(landing_path), default=0))
     except Exception as exc:  # a failed batch is reported and retried by the next run

@@ -1,9 +1,39 @@
-"""Delta Lake / Iceberg targets: only usable when their jars are on Spark's classpath."""
+"""Delta Lake / Iceberg targets (``--format delta|iceberg``): MERGE INTO with the position rule.
+
+Per micro-batch and table: the events are collapsed to one action per key
+(``cdcd.spark.collapse``), a truncate becomes ``DELETE ... WHERE _cdc_pos <
+<truncate>``, then one ``MERGE INTO`` applies the actions to the mirror and
+an insert-only ``MERGE INTO`` adds the new events to the change-log. Every
+statement is idempotent, so the consumer's journal (``cdcd.spark.state``)
+records the applied batch after all of them and a crash in between is
+repaired by applying the batch again. Only usable when the format's jars
+are on Spark's classpath.
+"""
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from pyspark import SparkConf
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import ArrayType, ByteType, DataType, MapType, ShortType, StructField, StructType
+
+from cdcd.sinks.landing import mark_consumed
+from cdcd.spark import lakehouse_sql as sql
+from cdcd.spark.collapse import Prepared, conformed, prepare, release
+from cdcd.spark.consumer import Consumer
+from cdcd.spark.merge import LandedFile
+from cdcd.spark.state import ConsumerState, TableState
+
+ICEBERG_CATALOG = "cdcd"
+_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+_ICEBERG_EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 _MARKER_CLASS = {
     "delta": ("io.delta.sql.DeltaSparkSessionExtension", "--packages io.delta:delta-spark_2.13:<version>"),
     "iceberg": (
@@ -11,10 +41,41 @@ _MARKER_CLASS = {
         "--packages org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:<version>",
     ),
 }
+#: Session settings fixed when the session starts (Spark refuses to change them later).
+_STATIC = {
+    "delta": {"spark.sql.extensions": _DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": _DELTA_CATALOG},
+    "iceberg": {"spark.sql.extensions": _ICEBERG_EXTENSION},
+}
+#: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping.
+_MIRROR_PROPERTIES = {"delta": {"delta.columnMapping.mode": "name"}, "iceberg": {"format-version": "2"}}
+_LOG_PROPERTIES = {"delta": {}, "iceberg": {"format-version": "2"}}
+FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
+
+
+def _log(message: str) -> None:
+    print(f"cdcd-spark: {message}", file=sys.stderr, flush=True)
+
+
+def lakehouse_session(fmt: str) -> SparkSession:
+    """The session, started with the format's SQL extension (and Delta's catalog) unless one is running."""
+    builder = SparkSession.builder
+    if SparkSession.getActiveSession() is None:
+        conf = SparkConf()  # spark-submit's --conf values: extend them, do not replace them
+        for k, v in _STATIC[fmt].items():
+            have = conf.get(k, "") or ""
+            if k == "spark.sql.extensions" and have and v not in have.split(","):
+                v = f"{have},{v}"
+            elif have:
+                v = have
+            builder = builder.config(k, v)
+    builder.getOrCreate()
+    from cdcd.spark.consumer import session  # the consumer's runtime settings, on the same session
+
+    return session()
 
 
 def check_format(spark: SparkSession, fmt: str) -> str | None:
-    """None when ``fmt``'s classes load, else what to do about it."""
+    """None when ``fmt`` can be used in this session, else what to do about it."""
     cls, packages = _MARKER_CLASS[fmt]
     jvm = spark._jvm
     try:
@@ -22,4 +83,270 @@ def check_format(spark: SparkSession, fmt: str) -> str | None:
         jvm.java.lang.Class.forName(cls)
     except Exception:
         return f"--format {fmt}: {cls} is not on Spark's classpath; start the job with {packages} (docs/spark.md)"
-    return f"--format {fmt}: the {fmt} MERGE INTO target is not built in this version; use --format parquet"
+    for k, v in _STATIC[fmt].items():
+        have = spark.conf.get(k, "") or ""
+        if v not in have.split(","):
+            return f"--format {fmt}: the session was started without --conf {k}={v} (docs/spark.md)"
+    return None
+
+
+def iceberg_settings(target: Path) -> dict[str, str]:
+    """The Hadoop catalog rooted at TARGET that holds the Iceberg tables."""
+    prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
+    return {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "hadoop",
+            f"{prefix}.warehouse": target.resolve().as_uri()}
+
+
+def check_target(spark: SparkSession, fmt: str, target: Path) -> str | None:
+    """None when TARGET can take ``fmt`` tables (sets the Iceberg catalog), else why not."""
+    marker = target / "state" / FORMAT_MARKER
+    if marker.exists() and marker.read_text().strip() != fmt:
+        return f"--format {fmt}: {target} holds {marker.read_text().strip()} tables; use a new --target"
+    if not marker.exists() and (target / "state" / "consumer.json").exists():
+        return f"--format {fmt}: {target} holds a Parquet mirror (--format parquet); use a new --target"
+    if fmt == "iceberg":
+        for k, v in iceberg_settings(target).items():
+            have = spark.conf.get(k, None)
+            if have not in (None, v):
+                return f"--format iceberg: {k} is {have}, but the job needs {v} (docs/spark.md)"
+            spark.conf.set(k, v)  # a catalog is loaded on first use: setting it at run time is enough
+    return None
+
+
+def prepare_run(fmt: str, target: Path) -> str | None:
+    """Start the session for ``fmt``; None when the run can go on, else the problem (exit 2)."""
+    spark = lakehouse_session(fmt)
+    return check_format(spark, fmt) or check_target(spark, fmt, target)
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Where a source table's mirror and change-log live, as SQL table references."""
+
+    fmt: str
+    target: Path
+
+    def mirror(self, schema: str, table: str) -> str:
+        return self.ref("tables", schema, table)
+
+    def changelog(self, schema: str, table: str) -> str:
+        return self.ref("changelog", schema, table)
+
+    def namespaces(self, schema: str) -> list[str]:
+        """Iceberg namespaces to create first (Delta's path tables need none)."""
+        if self.fmt != "iceberg":
+            return []
+        return [sql.catalog_table(ICEBERG_CATALOG, kind, schema) for kind in ("tables", "changelog")]
+
+    def location(self, kind: str, schema: str, table: str) -> Path:
+        if self.fmt == "delta":  # TARGET/tables/<schema>.<table>/, as in Parquet mode
+            return self.target.resolve() / kind / f"{schema}.{table}"
+        return self.target.resolve() / kind / schema / table  # the Hadoop catalog's layout
+
+    def exists(self, kind: str, schema: str, table: str) -> bool:
+        """Whether the table was created (TARGET is a POSIX path, see docs/spark.md)."""
+        meta = "_delta_log" if self.fmt == "delta" else "metadata"
+        return (self.location(kind, schema, table) / meta).is_dir()
+
+    def ref(self, kind: str, schema: str, table: str) -> str:
+        if self.fmt == "delta":
+            return sql.delta_table(self.location(kind, schema, table).as_uri())
+        return sql.catalog_table(ICEBERG_CATALOG, kind, schema, table)
+
+
+@dataclass(slots=True)
+class Changes:
+    adds: list[tuple[list[str], DataType]] = field(default_factory=list)
+    drops: list[list[str]] = field(default_factory=list)
+    retypes: list[tuple[list[str], DataType]] = field(default_factory=list)
+
+
+def stored_type(dt: DataType, fmt: str) -> str:
+    """How the format stores ``dt``, nullability aside: Iceberg keeps tinyint and smallint as int."""
+    if isinstance(dt, StructType):
+        return "struct<" + ",".join(f"{f.name}:{stored_type(f.dataType, fmt)}" for f in dt.fields) + ">"
+    if isinstance(dt, ArrayType):
+        return f"array<{stored_type(dt.elementType, fmt)}>"
+    if isinstance(dt, MapType):
+        return f"map<{stored_type(dt.keyType, fmt)},{stored_type(dt.valueType, fmt)}>"
+    if fmt == "iceberg" and isinstance(dt, ByteType | ShortType):
+        return "int"
+    return dt.simpleString()
+
+
+def schema_changes(have: StructType, want: StructType, fmt: str, drop: bool,
+                   prefix: list[str] | None = None) -> Changes:
+    """The ALTERs that make table schema ``have`` hold ``want`` (struct fields compared by name)."""
+    path = prefix or []
+    out = Changes()
+    current = {f.name: f.dataType for f in have.fields}
+    wanted = {f.name for f in want.fields}
+    for f in want.fields:
+        old = current.get(f.name)
+        if old is None:
+            out.adds.append(([*path, f.name], f.dataType))
+        elif isinstance(old, StructType) and isinstance(f.dataType, StructType):
+            inner = schema_changes(old, f.dataType, fmt, drop, [*path, f.name])
+            out.adds += inner.adds
+            out.drops += inner.drops
+            out.retypes += inner.retypes
+        elif stored_type(old, fmt) != stored_type(f.dataType, fmt):
+            out.retypes.append(([*path, f.name], f.dataType))
+    if drop:
+        out.drops += [[*path, f.name] for f in have.fields if f.name not in wanted]
+    return out
+
+
+def ddl(table: str, have: StructType | None, want: StructType, fmt: str, properties: dict[str, str],
+        drop: bool) -> list[str]:
+    """CREATE TABLE for a new table, else the ALTER TABLEs of the schema change (none: same schema)."""
+    if have is None:
+        return [sql.create_table(table, want, fmt, properties)]
+    changes = schema_changes(have, want, fmt, drop)
+    out = [sql.add_columns(table, changes.adds)] if changes.adds else []
+    out += [sql.change_type(table, p, t) for p, t in changes.retypes]
+    if changes.drops:
+        out.append(sql.drop_columns(table, changes.drops))
+    return out
+
+
+def mirror_schema(p: Prepared) -> StructType:
+    return StructType([StructField(c, p.types[c]) for c in p.mirror_columns])
+
+
+def table_schema(spark: SparkSession, names: Names, kind: str, schema: str, table: str) -> StructType | None:
+    """The table's schema, None when it does not exist yet."""
+    if not names.exists(kind, schema, table):
+        return None
+    return spark.table(names.ref(kind, schema, table)).schema
+
+
+@dataclass(slots=True)
+class Statements:
+    """Everything one table's micro-batch runs, in order."""
+
+    namespaces: list[str]
+    changelog_ddl: list[str]
+    changelog_merge: str
+    mirror_ddl: list[str]
+    truncate: str | None
+    mirror_merge: str
+
+
+def statements(p: Prepared, names: Names, schema: str, table: str, log_have: StructType | None,
+               mirror_have: StructType | None, sources: tuple[str, str], positions: tuple[str, str]) -> Statements:
+    """The SQL of one table's micro-batch given the tables' current schemas (None: not created yet)."""
+    using = names.fmt
+    log, mirror = names.changelog(schema, table), names.mirror(schema, table)
+    log_want = _union(log_have, p.events.schema)
+    return Statements(
+        [sql.create_namespace(ns) for ns in names.namespaces(schema)],
+        ddl(log, log_have, log_want, using, _LOG_PROPERTIES[using], drop=False),
+        sql.changelog_merge(log, sources[0], p.key, log_want.fieldNames(), *positions),
+        ddl(mirror, mirror_have, mirror_schema(p), using, _MIRROR_PROPERTIES[using], drop=True),
+        sql.truncate_before(mirror, p.facts.truncate_pos) if p.facts.truncate_pos is not None else None,
+        sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep),
+    )
+
+
+def _union(have: StructType | None, landed: StructType) -> StructType:
+    """The change-log keeps every column it ever had (old events keep their values); new ones are added."""
+    if have is None:
+        return StructType([StructField(f.name, f.dataType) for f in landed.fields])
+    names = set(have.fieldNames())
+    fields = [StructField(f.name, _merged(f.dataType, landed[f.name].dataType) if f.name in landed.fieldNames()
+                          else f.dataType) for f in have.fields]
+    return StructType(fields + [StructField(f.name, f.dataType) for f in landed.fields if f.name not in names])
+
+
+def _merged(have: DataType, landed: DataType) -> DataType:
+    if isinstance(have, StructType) and isinstance(landed, StructType):
+        return _union(have, landed)
+    return landed
+
+
+def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table: str, files: list[LandedFile],
+                          prev: TableState, run_id: str) -> tuple[TableState, int]:
+    """Apply one table's landed files to its change-log and mirror; the new table state and the event count."""
+    p = prepare(spark, files, prev.watermark)
+    try:
+        last_pos = max(f.entry["last_position"] for f in files)
+        state = TableState(max(prev.watermark, last_pos), run_id,
+                           [[c, p.types[c].simpleString()] for c in p.cols], 0)
+        if p.facts.events == 0:  # everything re-delivered below the watermark
+            return state, 0
+        lowest = max(prev.watermark, min(f.entry["first_position"] for f in files))
+        tag = uuid.uuid4().hex[:12]
+        views = (f"cdcd_log_{tag}", f"cdcd_src_{tag}")
+        log_have = table_schema(spark, names, "changelog", schema, table)
+        mirror_have = table_schema(spark, names, "tables", schema, table)
+        plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
+        _run(spark, [*plan.namespaces, *plan.changelog_ddl])
+        _register(spark, conformed(p.events, _required(spark, names, schema, table)), views[0])
+        _run(spark, [plan.changelog_merge])
+        _run(spark, plan.mirror_ddl)
+        if plan.truncate is not None:
+            _run(spark, [plan.truncate])
+        _register(spark, p.mirror, views[1])
+        _run(spark, [plan.mirror_merge])
+        for v in views:
+            spark.catalog.dropTempView(v)
+        return state, p.facts.events
+    finally:
+        release(p)
+
+
+def _required(spark: SparkSession, names: Names, schema: str, table: str) -> StructType:
+    found = table_schema(spark, names, "changelog", schema, table)
+    assert found is not None, f"the change-log of {schema}.{table} was just created"
+    return found
+
+
+def _register(spark: SparkSession, df: DataFrame, view: str) -> None:
+    df.createOrReplaceTempView(view)
+
+
+def _run(spark: SparkSession, statements_: list[str]) -> None:
+    for s in statements_:
+        spark.sql(s)
+
+
+def table_files(landing: Path, segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], list[LandedFile]]:
+    """The landed files of a run of batches, per (schema, table), in batch order."""
+    out: dict[tuple[str, str], list[LandedFile]] = {}
+    for seq, manifest in segment:
+        for entry in manifest["files"]:
+            name = (entry["table"]["schema"], entry["table"]["name"])
+            out.setdefault(name, []).append(LandedFile(seq, str(landing / entry["path"]), entry))
+    return out
+
+
+class LakehouseConsumer(Consumer):
+    """The stream handler of ``Consumer`` with MERGE INTO instead of the Parquet bucket rewrite."""
+
+    def __init__(self, spark: SparkSession, landing: Path, target: Path, fmt: str) -> None:
+        super().__init__(spark, landing, target)
+        self.names = Names(fmt, target)
+        marker = self.store.state_dir / FORMAT_MARKER
+        if not marker.exists():
+            marker.write_text(fmt + "\n")
+
+    def _apply_segment(self, segment: list[tuple[int, dict[str, Any]]]) -> None:
+        started = time.monotonic()
+        run_id = segment[0][1]["run_id"]
+        new_state = ConsumerState(segment[-1][0], dict(self.state.tables))
+        events = 0
+        for (schema, table), files in sorted(table_files(self.landing, segment).items()):
+            name = f"{schema}.{table}"
+            state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
+                                             self.state.tables.get(name, TableState()), run_id)
+            new_state.tables[name] = state
+            events += n
+        # every statement above is idempotent: a crash before this commit applies the batches again
+        self.state = self.store.commit({"state": new_state.to_json(), "files": [], "buckets": []})
+        for seq, _ in segment:
+            mark_consumed(self.landing, seq)
+        self.applied_events += events
+        self.applied_seconds += time.monotonic() - started
+        _log(f"applied batches {segment[0][0]}..{segment[-1][0]}: {events} events ({self.names.fmt})")
+

@@ -1,0 +1,138 @@
+"""The SQL statements of the Delta Lake / Iceberg target, as plain strings.
+
+Pure functions (no Spark session needed) so that every statement the
+consumer can issue is checked by Spark's SQL parser in the tests. Every
+name is back-quoted: source columns may hold any character.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+
+DELETE_FLAG = "_cdc_delete"  # collapsed source row: the key's last action removes it
+UNAVAILABLE = "_cdc_unavailable"  # collapsed source row: columns whose value is still unknown
+
+
+def q(name: str) -> str:
+    """A back-quoted identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def path_of(parts: Sequence[str]) -> str:
+    """A nested column reference such as `_cdc_before_key`.`id`."""
+    return ".".join(q(p) for p in parts)
+
+
+def literal(text: str) -> str:
+    """A Spark SQL string literal (backslash escapes are on by default)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def sql_type(dt: DataType) -> str:
+    """DDL text of a Spark type; struct field names are quoted, unlike ``simpleString()``."""
+    if isinstance(dt, StructType):
+        return "STRUCT<" + ", ".join(f"{q(f.name)}: {sql_type(f.dataType)}" for f in dt.fields) + ">"
+    if isinstance(dt, ArrayType):
+        return f"ARRAY<{sql_type(dt.elementType)}>"
+    if isinstance(dt, MapType):
+        return f"MAP<{sql_type(dt.keyType)}, {sql_type(dt.valueType)}>"
+    return dt.simpleString()
+
+
+def delta_table(location: str) -> str:
+    """A path-based Delta table, e.g. delta.`file:/t/tables/public.orders`."""
+    return f"delta.{q(location)}"
+
+
+def catalog_table(*parts: str) -> str:
+    return ".".join(q(p) for p in parts)
+
+
+def create_namespace(namespace: str) -> str:
+    return f"CREATE NAMESPACE IF NOT EXISTS {namespace}"
+
+
+def create_table(table: str, schema: StructType, using: str, properties: dict[str, str]) -> str:
+    """Every column nullable: the change-log's truncate rows have null keys, and evolution adds nullable columns."""
+    cols = ", ".join(f"{q(f.name)} {sql_type(f.dataType)}" for f in schema.fields)
+    props = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in sorted(properties.items()))
+    tail = f" TBLPROPERTIES ({props})" if props else ""
+    return f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING {using}{tail}"
+
+
+def add_columns(table: str, columns: Sequence[tuple[Sequence[str], DataType]]) -> str:
+    cols = ", ".join(f"{path_of(p)} {sql_type(t)}" for p, t in columns)
+    return f"ALTER TABLE {table} ADD COLUMNS ({cols})"
+
+
+def drop_columns(table: str, columns: Sequence[Sequence[str]]) -> str:
+    return f"ALTER TABLE {table} DROP COLUMNS ({', '.join(path_of(p) for p in columns)})"
+
+
+def change_type(table: str, column: Sequence[str], dt: DataType) -> str:
+    return f"ALTER TABLE {table} ALTER COLUMN {path_of(column)} TYPE {sql_type(dt)}"
+
+
+def truncate_before(table: str, position: str) -> str:
+    """A landed truncate: rows last changed before it go; rows changed after it (a replay) stay."""
+    return f"DELETE FROM {table} WHERE _cdc_pos < {literal(position)}"
+
+
+def _key_match(key: Sequence[str]) -> str:
+    # null-safe: a table without a primary key uses all its columns as the key, and they may be NULL
+    return " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in key)
+
+
+def mirror_merge(table: str, source: str, key: Sequence[str], columns: Sequence[str], keep: Sequence[str]) -> str:
+    """Upsert/delete the collapsed source (one row per key) into the mirror.
+
+    ``columns`` are the mirror's columns (source columns and ``_cdc_*``);
+    ``keep`` the columns some event left unavailable: for those the row's
+    ``_cdc_unavailable`` says whether to keep the mirror's value. A source
+    row only acts on a mirror row of a lower position, so a replayed batch
+    matches rows at its own position and changes nothing.
+    """
+    newer = "s._cdc_pos > t._cdc_pos"
+
+    def assign(c: str) -> str:
+        if c in keep:
+            unknown = f"array_contains(s.{q(UNAVAILABLE)}, {literal(c)})"
+            return f"t.{q(c)} = CASE WHEN {unknown} THEN t.{q(c)} ELSE s.{q(c)} END"
+        return f"t.{q(c)} = s.{q(c)}"
+
+    sets = ", ".join(assign(c) for c in columns if c not in key)
+    names = ", ".join(q(c) for c in columns)
+    values = ", ".join(f"s.{q(c)}" for c in columns)
+    return (
+        f"MERGE INTO {table} t USING {source} s ON {_key_match(key)} "
+        f"WHEN MATCHED AND {newer} AND s.{q(DELETE_FLAG)} THEN DELETE "
+        f"WHEN MATCHED AND {newer} THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND NOT s.{q(DELETE_FLAG)} THEN INSERT ({names}) VALUES ({values})"
+    )
+
+
+def changelog_merge(
+    table: str, source: str, key: Sequence[str], columns: Sequence[str], lowest: str, highest: str
+) -> str:
+    """Insert the events the change-log does not hold yet.
+
+    An event is identified by position, op and key: the daemon re-lands
+    events after its crash under new batch seqs with the same positions, so
+    ``_cdc_batch`` is not part of it; the key tells apart snapshot rows,
+    which share one position. The position range only lets the format skip
+    files whose statistics are outside it.
+    """
+    on = " AND ".join(
+        [
+            f"t._cdc_pos >= {literal(lowest)}",
+            f"t._cdc_pos <= {literal(highest)}",
+            "t._cdc_pos = s._cdc_pos",
+            "t._cdc_op = s._cdc_op",
+            *([_key_match(key)] if key else []),
+        ]
+    )
+    names = ", ".join(q(c) for c in columns)
+    values = ", ".join(f"s.{q(c)}" for c in columns)
+    return f"MERGE INTO {table} t USING {source} s ON {on} WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
