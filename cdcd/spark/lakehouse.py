@@ -12,6 +12,7 @@ are on Spark's classpath.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import uuid
@@ -19,9 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import ArrayType, ByteType, DataType, MapType, ShortType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    DataType,
+    DecimalType,
+    MapType,
+    ShortType,
+    StructField,
+    StructType,
+)
 
 from cdcd.sinks.landing import mark_consumed
 from cdcd.spark import lakehouse_sql as sql
@@ -58,9 +68,13 @@ def _log(message: str) -> None:
 
 def lakehouse_session(fmt: str) -> SparkSession:
     """The session, started with the format's SQL extension (and Delta's catalog) unless one is running."""
-    builder = SparkSession.builder
     if SparkSession.getActiveSession() is None:
-        conf = SparkConf()  # spark-submit's --conf values: extend them, do not replace them
+        under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM with its --conf values
+        SparkContext._ensure_initialized()  # so that SparkConf() shows those values: extend them, do not replace them
+        conf = SparkConf()
+        builder = SparkSession.builder
+        if not under_submit:  # the local session that the consumer's session() makes
+            builder = builder.master("local[2]").config("spark.ui.enabled", "false")
         for k, v in _STATIC[fmt].items():
             have = conf.get(k, "") or ""
             if k == "spark.sql.extensions" and have and v not in have.split(","):
@@ -68,8 +82,8 @@ def lakehouse_session(fmt: str) -> SparkSession:
             elif have:
                 v = have
             builder = builder.config(k, v)
-    builder.getOrCreate()
-    from cdcd.spark.consumer import session  # the consumer's runtime settings, on the same session
+        builder.getOrCreate()
+    from cdcd.spark.consumer import session  # the consumer's run-time settings, on this session
 
     return session()
 
@@ -174,6 +188,19 @@ def stored_type(dt: DataType, fmt: str) -> str:
     return dt.simpleString()
 
 
+_INT_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+
+
+def holds(old: DataType, new: DataType) -> bool:
+    """Whether a column of type ``old`` stores every value of ``new`` exactly (a narrowed source column)."""
+    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+        return old.precision - old.scale >= new.precision - new.scale and old.scale >= new.scale
+    o, n = old.simpleString(), new.simpleString()
+    if o in _INT_RANK and n in _INT_RANK:
+        return _INT_RANK[o] >= _INT_RANK[n]
+    return (o, n) == ("double", "float")
+
+
 def schema_changes(have: StructType, want: StructType, fmt: str, drop: bool,
                    prefix: list[str] | None = None) -> Changes:
     """The ALTERs that make table schema ``have`` hold ``want`` (struct fields compared by name)."""
@@ -190,7 +217,8 @@ def schema_changes(have: StructType, want: StructType, fmt: str, drop: bool,
             out.adds += inner.adds
             out.drops += inner.drops
             out.retypes += inner.retypes
-        elif stored_type(old, fmt) != stored_type(f.dataType, fmt):
+        elif stored_type(old, fmt) != stored_type(f.dataType, fmt) and not holds(old, f.dataType):
+            # a narrowed column keeps its wider type (the MERGE casts up); anything else is altered
             out.retypes.append(([*path, f.name], f.dataType))
     if drop:
         out.drops += [[*path, f.name] for f in have.fields if f.name not in wanted]

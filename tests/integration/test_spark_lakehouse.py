@@ -19,7 +19,16 @@ from typing import Any
 import pytest
 import test_spark_consumer
 from pyspark.sql import SparkSession
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 from test_spark_consumer import LOG, V1, ev, land, row
 
 from cdcd.events import Op
@@ -27,7 +36,7 @@ from cdcd.positions import PgPosition
 from cdcd.sinks.landing import read_batch
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
-from cdcd.spark.lakehouse import Names, check_target, statements, table_files
+from cdcd.spark.lakehouse import Names, check_target, schema_changes, statements, table_files
 
 pytestmark = pytest.mark.spark
 spark = test_spark_consumer.spark  # the module-scoped local Spark session fixture
@@ -260,6 +269,25 @@ async def test_merge_statements_resolve_against_tables_of_the_same_schema(spark:
         for name in stand_ins.values():
             spark.sql(f"DROP TABLE IF EXISTS {name}")
         release(p)
+
+
+def test_schema_changes_of_the_tables() -> None:
+    key = StructType([StructField("id", IntegerType())])
+    have = StructType([StructField("id", LongType()), StructField("n", IntegerType()), StructField("amount",
+                       DecimalType(12, 2)), StructField("gone", StringType()), StructField("_cdc_before_key", key)])
+    want = StructType([StructField("id", IntegerType()),  # narrowed: stays bigint
+                       StructField("n", ShortType()),  # Iceberg keeps smallint as int; Delta: narrowed, stays int
+                       StructField("amount", DecimalType(14, 2)),  # widened: altered
+                       StructField("note", StringType()),
+                       StructField("_cdc_before_key", StructType([*key.fields, StructField("k2", StringType())]))])
+    for fmt in ("delta", "iceberg"):
+        mirror = schema_changes(have, want, fmt, drop=True)
+        assert mirror.adds == [(["note"], StringType()), (["_cdc_before_key", "k2"], StringType())]
+        assert mirror.retypes == [(["amount"], DecimalType(14, 2))]
+        assert mirror.drops == [["gone"]]
+        assert schema_changes(have, want, fmt, drop=False).drops == []  # the change-log keeps old columns
+    assert schema_changes(StructType([StructField("a", ArrayType(IntegerType()))]),
+                          StructType([StructField("a", ArrayType(ShortType()))]), "iceberg", drop=True).retypes == []
 
 
 def test_a_parquet_target_is_refused(spark: SparkSession, tmp_path: Path) -> None:
