@@ -1,10 +1,11 @@
 """The event model shared by every source, the runtime and the sinks.
 
 A source turns the database's change stream into ``ChangeEvent`` values (row
-changes) and ``Mark`` values (position-only progress such as heartbeats or
-"table snapshot finished"). Both are ``Item``s: totally ordered by position,
-batched by the runtime and committed through the commit barrier. Only
-``ChangeEvent``s are landed.
+changes), ``RowBlock`` values (many rows of one table at one position, already
+in Arrow columns: bulk snapshot reads) and ``Mark`` values (position-only
+progress such as heartbeats or "table snapshot finished"). All are ``Item``s:
+totally ordered by position, batched by the runtime and committed through the
+commit barrier. ChangeEvents and the rows of RowBlocks are landed.
 """
 
 from __future__ import annotations
@@ -130,6 +131,57 @@ class ChangeEvent:
 
 
 @dataclass(slots=True)
+class RowBlock:
+    """Rows of one table that share op and position, as Arrow columns (a bulk snapshot chunk).
+
+    ``data`` holds the table's columns in ``schema`` order and in their landed
+    Arrow types, so the sink only appends the ``_cdc_`` columns. Each row
+    counts as one event (batch size, metrics, checkpoint counts), and the
+    runtime may split a block between batches (``slice``). Key-ordered
+    sources resume after ``last_key``.
+    """
+
+    schema: TableSchema
+    position: Position
+    data: pa.Table
+    op: Op = Op.READ
+    snapshot: bool = True
+    tx_id: str | None = None
+    commit_ts: datetime | None = None
+
+    @property
+    def table(self) -> TableId:
+        return self.schema.table
+
+    @property
+    def rows(self) -> int:
+        return int(self.data.num_rows)
+
+    def slice(self, offset: int, length: int | None = None) -> RowBlock:
+        """Rows ``offset`` to ``offset + length`` (zero-copy)."""
+        return RowBlock(self.schema, self.position, self.data.slice(offset, length), self.op, self.snapshot,
+                        self.tx_id, self.commit_ts)
+
+    def key_at(self, index: int) -> tuple[Any, ...] | None:
+        """The key values of row ``index`` as Python values (None for a table without a key)."""
+        if not self.schema.key:
+            return None
+        return tuple(self.data.column(k)[index].as_py() for k in self.schema.key)
+
+    @property
+    def last_key(self) -> tuple[Any, ...] | None:
+        return self.key_at(self.rows - 1) if self.rows else None
+
+    def events(self) -> list[ChangeEvent]:
+        """The rows as ChangeEvents (slow: for tests, and for callers that need Python rows)."""
+        deleted = self.op is Op.DELETE
+        return [ChangeEvent(self.op, self.schema, self.position, before=row if deleted else None,
+                            after=None if deleted else row, tx_id=self.tx_id, commit_ts=self.commit_ts,
+                            snapshot=self.snapshot)
+                for row in self.data.to_pylist()]
+
+
+@dataclass(slots=True)
 class Mark:
     """A position-only item: progress the checkpoint must record, nothing to land.
 
@@ -143,4 +195,13 @@ class Mark:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-Item = ChangeEvent | Mark
+Item = ChangeEvent | Mark | RowBlock
+
+
+def event_count(item: Item) -> int:
+    """How many landed rows an item stands for."""
+    if type(item) is ChangeEvent:
+        return 1
+    if type(item) is RowBlock:
+        return item.rows
+    return 0

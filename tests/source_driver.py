@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self
 
-from cdcd.events import ChangeEvent, Item, Mark
+from cdcd.events import ChangeEvent, Item, Mark, RowBlock
 from cdcd.positions import Position
 from cdcd.runtime.interfaces import ResumePoint, Source
 
 
 class SourceDriver:
-    """Pulls items from a source; ``commit()`` folds and confirms like the runtime's commit barrier."""
+    """Pulls items from a source; ``commit()`` folds and confirms like the runtime's commit barrier.
 
-    def __init__(self, source: Source, position: Position | None = None, state: dict[str, Any] | None = None) -> None:
+    With ``expand_blocks`` (the default) every RowBlock is handed out as the ChangeEvents of its
+    rows (converted from its Arrow columns, i.e. the values that land), so tests can look at and
+    commit single rows; ``expand_blocks=False`` hands out the blocks as the source made them.
+    """
+
+    def __init__(self, source: Source, position: Position | None = None, state: dict[str, Any] | None = None,
+                 expand_blocks: bool = True) -> None:
         self.source = source
         self.position = position
         self.state: dict[str, Any] = state or {}
         self.pending: list[Item] = []
         self._iter: AsyncIterator[Item] | None = None
+        self._expanded: deque[Item] = deque()
+        self.expand_blocks = expand_blocks
         self.ended = False
 
     async def __aenter__(self) -> Self:
@@ -39,11 +48,18 @@ class SourceDriver:
     async def next(self, timeout: float = 30) -> Item | None:
         assert self._iter is not None
         while True:
+            if self._expanded:
+                item = self._expanded.popleft()
+                self.pending.append(item)
+                return item
             try:
                 item = await asyncio.wait_for(self._iter.__anext__(), timeout)
             except StopAsyncIteration:
                 self.ended = True
                 return None
+            if self.expand_blocks and isinstance(item, RowBlock):
+                self._expanded.extend(item.events())
+                continue
             # The runtime drops already-committed stream events on resume.
             if isinstance(item, ChangeEvent) and not item.snapshot and self.position is not None \
                     and item.position <= self.position:

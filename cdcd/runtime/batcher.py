@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import time
 
-from cdcd.events import ChangeEvent, Item
+from cdcd.events import ChangeEvent, Item, RowBlock
 from cdcd.runtime.interfaces import Batch
 
 
 class Batcher:
     """Accumulates items; a batch is due when it holds ``max_events`` events or is ``max_delay_s`` old.
 
-    Marks do not count towards ``max_events`` but make a batch due by age, so
-    progress such as heartbeats reaches the checkpoint on an idle source.
+    Every row of a RowBlock counts as an event. A block that does not fit the
+    open batch is split: ``add`` keeps what fits and returns the rest, which
+    goes into the next batch, so a batch never holds more than
+    ``max_events`` rows. Marks do not count towards ``max_events`` but make a
+    batch due by age, so progress such as heartbeats reaches the checkpoint on
+    an idle source.
     """
 
     def __init__(self, max_events: int, max_delay_s: float) -> None:
@@ -22,12 +26,25 @@ class Batcher:
         self.events = 0
         self._opened_at = 0.0
 
-    def add(self, item: Item) -> None:
+    def add(self, item: Item) -> RowBlock | None:
+        """Add ``item``; for a RowBlock larger than the room left, return the part that did not fit."""
+        rest: RowBlock | None = None
+        if type(item) is RowBlock:
+            room = max(self.max_events - self.events, 1)  # a full batch is sealed before the next add
+            if item.rows > room:
+                item, rest = item.slice(0, room), item.slice(room)
+            self._append(item)
+            self.events += item.rows
+        else:
+            self._append(item)
+            if type(item) is ChangeEvent:
+                self.events += 1
+        return rest
+
+    def _append(self, item: Item) -> None:
         if not self.items:
             self._opened_at = time.monotonic()
         self.items.append(item)
-        if type(item) is ChangeEvent:
-            self.events += 1
 
     @property
     def full(self) -> bool:

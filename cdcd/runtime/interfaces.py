@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdcd.events import ChangeEvent, Item
+from cdcd.events import ChangeEvent, Item, event_count
 from cdcd.positions import Position
 
 
@@ -38,11 +38,13 @@ class Batch:
 
     @property
     def events(self) -> list[ChangeEvent]:
+        """The ChangeEvent items (rows of RowBlocks are not expanded)."""
         return [i for i in self.items if isinstance(i, ChangeEvent)]
 
     @property
     def event_count(self) -> int:
-        return sum(1 for i in self.items if isinstance(i, ChangeEvent))
+        """Rows to land: one per ChangeEvent, the rows of every RowBlock."""
+        return sum(event_count(i) for i in self.items)
 
     @property
     def first_position(self) -> Position | None:

@@ -31,7 +31,7 @@ import structlog
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
-from cdcd.events import ChangeEvent, Item
+from cdcd.events import ChangeEvent, Item, RowBlock, event_count
 from cdcd.positions import Position
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.batcher import Batcher
@@ -182,7 +182,12 @@ class Runtime:
             dropped.extend(self._handoff.get_nowait().items)
         dropped.extend(self._batcher.items)
         self._batcher.items = []
-        events = [i for i in dropped if type(i) is ChangeEvent]
+        events: list[ChangeEvent] = []
+        for i in dropped:
+            if type(i) is ChangeEvent:
+                events.append(i)
+            elif type(i) is RowBlock:
+                events.extend(i.events())  # the caller gets rows, however they were read
         self._log.warning("force stop: pending events dropped", dropped_events=len(events),
                           committed_batch=self._barrier.committed_seq)
         await self._shutdown(graceful=False)
@@ -237,19 +242,22 @@ class Runtime:
     async def _read_stream(self) -> None:
         batcher, stats, opened = self._batcher, self.stats, self._batch_opened
         async for item in self.source.stream():
-            if type(item) is ChangeEvent:
+            if isinstance(item, ChangeEvent | RowBlock):
+                rows = event_count(item)
                 if not item.snapshot:
                     # Positions of one source kind compare; the checkpoint's kind was checked at start.
                     if self._skip_upto is not None and item.position <= self._skip_upto:  # type: ignore[operator]
-                        stats.events_skipped += 1
+                        stats.events_skipped += rows
                         continue
                     self._skip_upto = item.position
-                stats.events_seen += 1
-            if not batcher.items:
-                opened.set()  # wake the timer: this batch is due max_batch_delay_ms from now
-            batcher.add(item)
-            if batcher.full:
-                await self._handoff.put(self._seal())
+                stats.events_seen += rows
+            rest: Item | None = item
+            while rest is not None:
+                if not batcher.items:
+                    opened.set()  # wake the timer: this batch is due max_batch_delay_ms from now
+                rest = batcher.add(rest)  # a RowBlock bigger than the room left is split
+                if batcher.full:
+                    await self._handoff.put(self._seal())
 
     async def _stop_after_end(self) -> None:
         with contextlib.suppress(StateError):
@@ -362,9 +370,9 @@ class Runtime:
         per_table = stats.table_events
         for batch in batches:
             for item in batch.items:
-                if type(item) is ChangeEvent:
+                if type(item) is ChangeEvent or type(item) is RowBlock:
                     name = str(item.schema.table)
-                    per_table[name] = per_table.get(name, 0) + 1
+                    per_table[name] = per_table.get(name, 0) + event_count(item)
         self._log.debug("checkpoint saved", batch=ckpt.batch_seq, position=str(ckpt.position),
                         events=ckpt.event_count)
 

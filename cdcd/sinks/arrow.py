@@ -1,7 +1,9 @@
-"""Turn the change events of one table into an Arrow table of the landing format.
+"""Turn the change events and row blocks of one table into an Arrow table of the landing format.
 
 The table's columns come first, in the source's order and Arrow types, then
-the ``_cdc_`` metadata columns (see docs/landing-format.md).
+the ``_cdc_`` metadata columns (see docs/landing-format.md). Events are
+converted value by value; a RowBlock already holds the table's columns, so
+only the metadata columns are made, as constant arrays.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from cdcd.errors import SinkFatal
-from cdcd.events import ChangeEvent, Op, TableSchema
+from cdcd.events import ChangeEvent, Op, RowBlock, TableSchema
 
 META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_cdc_op", pa.string(), nullable=False),
@@ -86,6 +89,31 @@ def events_to_table(schema: TableSchema, batch_seq: int, indexed: Sequence[tuple
         old = e.before_key
         before_keys.append(None if old is None else dict(zip(keys, old, strict=True)) if schema.key else None)
     columns.append(pa.array(before_keys, before_key_type(schema)))
+    return pa.Table.from_arrays(columns, schema=arrow_schema(schema))
+
+
+def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block: RowBlock) -> pa.Table:
+    """A RowBlock of ``schema`` whose first row has index ``first_index`` in the batch."""
+    data = block.data
+    n = data.num_rows
+    if data.column_names != list(schema.column_names) or data.schema.types != [c.type for c in schema.columns]:
+        raise SinkFatal(
+            f"landing: table {schema.table}: a row block has columns {data.schema} but the table schema is "
+            f"{[(c.name, str(c.type)) for c in schema.columns]}; the source's bulk reader is wrong"
+        )
+    ts = block.commit_ts.astimezone(UTC) if block.commit_ts else None
+    columns: list[pa.Array | pa.ChunkedArray] = list(data.columns)
+    columns.append(pa.repeat(pa.scalar(block.op.value, pa.string()), n))
+    columns.append(pa.repeat(pa.scalar(block.position.encoded, pa.string()), n))
+    columns.append(pa.repeat(pa.scalar(block.tx_id, pa.string()), n))
+    columns.append(pa.repeat(pa.scalar(ts, pa.timestamp("us", tz="UTC")), n))
+    columns.append(pa.repeat(pa.scalar(block.snapshot, pa.bool_()), n))
+    # Every row: an empty list (a block never has unavailable values).
+    columns.append(pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string())))
+    columns.append(pa.repeat(pa.scalar(batch_seq, pa.int64()), n))
+    columns.append(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)))
+    columns.append(pa.repeat(pa.scalar(schema.version, pa.int64()), n))
+    columns.append(pa.nulls(n, before_key_type(schema)))  # snapshot-like rows never change a key
     return pa.Table.from_arrays(columns, schema=arrow_schema(schema))
 
 

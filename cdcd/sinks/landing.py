@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
-from cdcd.events import ChangeEvent, TableId, TableSchema
+from cdcd.events import ChangeEvent, RowBlock, TableId, TableSchema
 from cdcd.fsutil import fsync_dir, write_durably
 from cdcd.runtime.interfaces import Batch, Sink
 from cdcd.sinks import layout
-from cdcd.sinks.arrow import describe_schema, events_to_table
+from cdcd.sinks.arrow import block_to_table, describe_schema, events_to_table
 from cdcd.sinks.layout import CONSUMED, DATA, MANIFESTS
 from cdcd.sinks.manifest import canonical, load_manifest, seal
 
@@ -43,12 +43,54 @@ AckMode = Literal["landed", "consumed"]
 POLL_S = 0.1
 
 
-def _group(batch: Batch) -> list[tuple[TableSchema, list[tuple[int, ChangeEvent]]]]:
-    """Events per (table, schema version), in order of first appearance."""
-    groups: dict[tuple[TableId, int], tuple[TableSchema, list[tuple[int, ChangeEvent]]]] = {}
-    for index, event in enumerate(batch.events):
-        slot = groups.setdefault((event.table, event.schema.version), (event.schema, []))
-        slot[1].append((index, event))
+#: Part of a table's rows in a batch: a run of (index in the batch, event), or (index of the first row, block).
+_Part = list[tuple[int, ChangeEvent]] | tuple[int, RowBlock]
+
+
+@dataclass(slots=True)
+class _Group:
+    """The rows of one (table, schema version) in a batch, in batch order."""
+
+    schema: TableSchema
+    parts: list[_Part] = field(default_factory=list)
+    rows: int = 0
+    positions: set[str] = field(default_factory=set)
+
+    def add_event(self, index: int, event: ChangeEvent) -> None:
+        last = self.parts[-1] if self.parts else None
+        if isinstance(last, list):
+            last.append((index, event))
+        else:
+            self.parts.append([(index, event)])
+        self.rows += 1
+        self.positions.add(event.position.encoded)
+
+    def add_block(self, index: int, block: RowBlock) -> None:
+        self.parts.append((index, block))
+        self.rows += block.rows
+        self.positions.add(block.position.encoded)
+
+    def to_table(self, batch_seq: int) -> pa.Table:
+        tables = [events_to_table(self.schema, batch_seq, p) if isinstance(p, list)
+                  else block_to_table(self.schema, batch_seq, p[0], p[1]) for p in self.parts]
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+def _group(batch: Batch) -> list[_Group]:
+    """Rows per (table, schema version), in order of first appearance.
+
+    ``_cdc_index`` counts rows across the batch: a block of n rows takes n
+    consecutive indexes, exactly as n events would.
+    """
+    groups: dict[tuple[TableId, int], _Group] = {}
+    index = 0
+    for item in batch.items:
+        if type(item) is ChangeEvent:
+            groups.setdefault((item.table, item.schema.version), _Group(item.schema)).add_event(index, item)
+            index += 1
+        elif type(item) is RowBlock and item.rows:
+            groups.setdefault((item.table, item.schema.version), _Group(item.schema)).add_block(index, item)
+            index += item.rows
     return list(groups.values())
 
 
@@ -96,23 +138,24 @@ class LandingWriter:
         """Write the data files durably; return the manifest that will publish them."""
         _, data, _ = self.dirs
         files: list[dict[str, Any]] = []
-        positions: list[str] = []
-        for n, (schema, indexed) in enumerate(_group(batch)):
-            table = events_to_table(schema, batch.seq, indexed)
+        positions: set[str] = set()
+        rows = 0
+        for n, group in enumerate(_group(batch)):
+            table = group.to_table(batch.seq)
             blob = _parquet_bytes(table)
             name = layout.data_name(batch.seq, n)
             write_durably(data / name, blob, sync_dir=False)
-            pos = [e.position.encoded for _, e in indexed]
-            positions.extend(pos)
+            positions |= group.positions
+            rows += group.rows
             files.append(
                 {
                     "path": f"{DATA}/{name}",
-                    "table": describe_schema(schema),
+                    "table": describe_schema(group.schema),
                     "rows": table.num_rows,
                     "bytes": len(blob),
                     "sha256": hashlib.sha256(blob).hexdigest(),
-                    "first_position": min(pos),
-                    "last_position": max(pos),
+                    "first_position": min(group.positions),
+                    "last_position": max(group.positions),
                 }
             )
         fsync_dir(data)
@@ -124,7 +167,7 @@ class LandingWriter:
                 "run_id": self.run_id,
                 "source_kind": self.source_kind,
                 "created_at": datetime.now(UTC).isoformat(),
-                "event_count": len(positions),
+                "event_count": rows,
                 "first_position": min(positions) if positions else None,
                 "last_position": max(positions) if positions else None,
                 "files": files,

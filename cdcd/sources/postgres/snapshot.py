@@ -5,7 +5,15 @@ that imports the same snapshot (the slot's exported one on a first start, a
 fresh exported one when resuming), so all tables are read as of one instant.
 Tables are spread over the workers; each table is read by one worker in
 key-ordered chunks (keyset pagination), so "last key acked" is a resume
-point. Tables without a key are read whole with a cursor.
+point.
+
+Tables with a key take the columnar path: each chunk is one ``COPY (SELECT
+... LIMIT n) TO STDOUT`` in text format, parsed in bulk into Arrow columns in
+a worker thread (copytext.py) while the next chunk is read, and handed on as
+one ``RowBlock``. Tables without a key fall back to the row path: read whole
+with a cursor, one ChangeEvent per row (they cannot be paginated by key, and
+a COPY of the whole table would have to be split into chunks by scanning its
+bytes for row ends).
 """
 
 from __future__ import annotations
@@ -17,14 +25,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import pyarrow as pa
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op
+from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock
 from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
+from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
 from cdcd.sources.postgres.shape import TableShape, Warnings
-from cdcd.sources.postgres.types import Unrepresentable, key_text
+from cdcd.sources.postgres.types import Unrepresentable
 
 _DONE = object()
 
@@ -45,15 +55,33 @@ class SnapshotTable:
             exprs.append(q if t.driver_native else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
         return ", ".join(exprs)
 
-    def chunk_sql(self, limit: int) -> str:
+    def chunk_query(self, limit: int) -> str:
+        """The next chunk, for a COPY: every column as is (COPY sends its text output), the resume key inlined."""
         key = self.info.key
         cols = ", ".join(quote_ident(k) for k in key)
         types = {c.name: c.sql_type for c in self.info.columns}
         where = ""
         if self.after is not None:
-            params = ", ".join(f"CAST(${i + 1}::text AS {types[k]})" for i, k in enumerate(key))
-            where = f" WHERE ({cols}) > ({params})"
-        return f"SELECT {self.select_list()} FROM {quote_table(self.info.table)}{where} ORDER BY {cols} LIMIT {limit}"
+            bounds = ", ".join(f"CAST({_literal(v)} AS {types[k]})" for k, v in zip(key, self.after, strict=True))
+            where = f" WHERE ({cols}) > ({bounds})"
+        select = ", ".join(quote_ident(c.name) for c in self.shape.schema.columns)
+        return f"SELECT {select} FROM {quote_table(self.info.table)}{where} ORDER BY {cols} LIMIT {limit}"
+
+
+async def _copy(conn: Any, query: str) -> list[bytes]:
+    """``query``'s rows in COPY text format, as the pieces the driver received."""
+    chunks: list[bytes] = []
+
+    async def collect(data: bytes) -> None:
+        chunks.append(data)
+
+    await conn.copy_from_query(query, output=collect)  # COPY (query) TO STDOUT, text format
+    return chunks
+
+
+def _literal(text: str) -> str:
+    """A string constant that means the same whatever standard_conforming_strings says."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 class SnapshotReader:
@@ -139,18 +167,36 @@ class SnapshotReader:
             await out.put(err)
 
     async def _keyed(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
-        while True:
-            records = await conn.fetch(table.chunk_sql(self._chunk_rows), *(table.after or ()))
-            if not records:
-                return
-            events = self._events(table, records, watermark)
-            last = events[-1].after
-            assert last is not None
-            table.after = [key_text(last[k]) for k in table.info.key]
-            table.rows += len(events)
-            await out.put(events)
-            if len(records) < self._chunk_rows:
-                return
+        """Key-ordered chunks as RowBlocks; chunk k is parsed in a thread while chunk k+1 is read."""
+        decoder = CopyDecoder(table.shape, self._warnings)
+        names = table.shape.schema.column_names
+        key_fields = [names.index(k) for k in table.info.key]
+        parsing: asyncio.Future[pa.Table] | None = None
+        try:
+            while True:
+                chunks = await _copy(conn, table.chunk_query(self._chunk_rows))
+                if parsing is not None:
+                    await self._put_block(table, await parsing, out, watermark)
+                    parsing = None
+                rows = sum(c.count(b"\n") for c in chunks)
+                if not rows:
+                    return
+                # The next chunk starts after this one's last key, taken from the raw text: no need to wait
+                # for the parse, and the key's text output casts back to exactly the same value.
+                table.after = last_row_fields(chunks, key_fields)
+                parsing = asyncio.ensure_future(asyncio.to_thread(decoder.decode, chunks, rows))
+                if rows < self._chunk_rows:
+                    await self._put_block(table, await parsing, out, watermark)
+                    parsing = None
+                    return
+        finally:
+            if parsing is not None:
+                parsing.cancel()
+
+    @staticmethod
+    async def _put_block(table: SnapshotTable, data: pa.Table, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
+        table.rows += data.num_rows
+        await out.put([RowBlock(table.shape.schema, watermark, data)])
 
     async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
         sql = f"SELECT {table.select_list()} FROM {quote_table(table.info.table)}"

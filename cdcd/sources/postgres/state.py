@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cdcd.events import ChangeEvent, Item
+from cdcd.events import ChangeEvent, Item, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
 
@@ -36,14 +36,14 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     new = dict(state)
     snap = dict(new.get("snapshot") or {"status": "none", "tables": {}})
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (snap.get("tables") or {}).items()}
-    last: dict[str, ChangeEvent] = {}
+    last: dict[str, ChangeEvent | RowBlock] = {}
     counts: dict[str, int] = {}
     for item in items:
-        if isinstance(item, ChangeEvent):
-            if item.snapshot:
+        if isinstance(item, ChangeEvent | RowBlock):
+            if item.snapshot and event_count(item):
                 name = str(item.table)
                 last[name] = item
-                counts[name] = counts.get(name, 0) + 1
+                counts[name] = counts.get(name, 0) + event_count(item)
             continue
         kind = item.kind
         if kind == "commit":
@@ -70,10 +70,11 @@ def _advance_flush(state: dict[str, Any], lsn: int) -> None:
         state["flush_lsn"] = format_lsn(lsn)
 
 
-def _flush_rows(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent], counts: dict[str, int]) -> None:
-    for name, ev in last.items():
+def _flush_rows(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent | RowBlock],
+                counts: dict[str, int]) -> None:
+    for name, item in last.items():
         entry = tables.setdefault(name, {"last_key": None, "rows": 0, "done": False})
-        key = ev.key
+        key = item.key if isinstance(item, ChangeEvent) else item.last_key
         entry["last_key"] = [key_text(v) for v in key] if key else None
         entry["rows"] = int(entry.get("rows", 0)) + counts.get(name, 0)
         entry.setdefault("done", False)

@@ -1,0 +1,208 @@
+"""COPY text format → Arrow columns in the landed types, in bulk (the snapshot's fast path).
+
+The snapshot reads key-ordered chunks with ``COPY (SELECT ...) TO STDOUT``
+in text format: one line per row, fields separated by tabs, ``\\N`` for NULL,
+backslash escapes for backslash and control characters. The session settings
+are the stream's (types.SESSION_SETTINGS), so every field is the type's text
+output, exactly what pgoutput sends. pyarrow's CSV reader splits and parses a
+whole chunk at once (off the event loop); integers, floats and booleans are
+converted by it; strings are unescaped, and decimals, dates, times and
+timestamps are cast with pyarrow.compute. Whatever Arrow cannot convert
+exactly — a type without a vectorized conversion (bytea, arrays, ...), or a
+chunk of a column holding a value the cast refuses (a BC date, year 10000) —
+goes through the stream's per-value converter from types.py, so snapshot and
+stream land the same values and warnings.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from cdcd.errors import SourceError
+from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.sources.postgres.types import Unrepresentable
+
+UNREPRESENTABLE = "value cannot be represented: landed as NULL"  # the stream's warning, so it is shown once
+
+_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+_ESCAPE_RE = re.compile(r"\\(.)", re.DOTALL)
+
+_TS_MAX, _TS_MIN = "9999-12-31 23:59:59.999999", "0001-01-01 00:00:00"
+
+
+class _Kind(enum.Enum):
+    PARSED = "parsed"  # the CSV reader converts it (ints, float8, bool)
+    FLOAT4 = "float4"  # read as float8, then rounded to float32 like the stream's converter
+    STRING = "string"
+    DECIMAL = "decimal"
+    DATE = "date"
+    TIMESTAMP = "timestamp"
+    TIMESTAMPTZ = "timestamptz"
+    TIME = "time"
+    PYTHON = "python"  # per value, with the stream's converter
+
+
+def _kind(arrow: pa.DataType) -> _Kind:
+    # types.py pairs every Arrow type with one text converter (e.g. every string column is the
+    # text output as is), so the Arrow type says which vectorized conversion equals it.
+    if pa.types.is_integer(arrow) or pa.types.is_float64(arrow) or pa.types.is_boolean(arrow):
+        return _Kind.PARSED
+    if pa.types.is_float32(arrow):
+        return _Kind.FLOAT4
+    if arrow == pa.string():
+        return _Kind.STRING
+    if pa.types.is_decimal128(arrow):
+        return _Kind.DECIMAL
+    if arrow == pa.date32():
+        return _Kind.DATE
+    if arrow == pa.timestamp("us"):
+        return _Kind.TIMESTAMP
+    if arrow == pa.timestamp("us", tz="UTC"):
+        return _Kind.TIMESTAMPTZ
+    if arrow == pa.time64("us"):
+        return _Kind.TIME
+    return _Kind.PYTHON
+
+
+def unescape_field(raw: bytes) -> str:
+    """One field of a text-format row as the value's text (``\\N`` is the caller's business)."""
+    text = raw.decode()
+    if "\\" not in text:
+        return text
+    return _ESCAPE_RE.sub(lambda m: _ESCAPES.get(m.group(1), m.group(1)), text)
+
+
+def last_row_fields(chunks: Sequence[bytes], indexes: Sequence[int]) -> list[str]:
+    """The text of fields ``indexes`` of the last row (keyset pagination: where the next chunk starts).
+
+    ``chunks`` are the pieces of whole rows as received; the last row may span pieces.
+    """
+    tail = b""
+    for piece in reversed(chunks):
+        tail = piece + tail
+        start = tail.rfind(b"\n", 0, len(tail) - 1)
+        if start >= 0:
+            break
+    fields = tail[start + 1:-1].split(b"\t")
+    return [unescape_field(fields[i]) for i in indexes]
+
+
+def _unescape(col: pa.Array) -> pa.Array:
+    """Undo COPY's backslash escapes in a whole string column (only when it holds a backslash)."""
+    if not pc.any(pc.match_substring(col, "\\")).as_py():
+        return col
+    # PostgreSQL text never holds NUL: it stands in for an escaped backslash while the others are undone.
+    col = pc.replace_substring(col, "\\\\", "\x00")
+    for letter, char in _ESCAPES.items():
+        col = pc.replace_substring(col, "\\" + letter, char)
+    return pc.replace_substring(col, "\x00", "\\")
+
+
+def _replace(col: pa.Array, mapping: dict[str, str]) -> pa.Array:
+    for old, new in mapping.items():
+        col = pc.if_else(pc.equal(col, old), new, col)
+    return col
+
+
+class CopyDecoder:
+    """Text-format COPY chunks of one table → ``pa.Table`` of its columns in their landed types."""
+
+    def __init__(self, shape: TableShape, warnings: Warnings) -> None:
+        self.shape = shape
+        self._warnings = warnings
+        cols = shape.schema.columns
+        self._kinds = [_kind(c.type) for c in cols]
+        self._names = [f"c{i}" for i in range(len(cols))]
+        # A header line of our own: the CSV reader would eat a byte-order mark opening the first row.
+        self._header = ("\t".join(self._names) + "\n").encode()
+        types = {name: (c.type if kind is _Kind.PARSED else pa.float64() if kind is _Kind.FLOAT4 else pa.string())
+                 for name, c, kind in zip(self._names, cols, self._kinds, strict=True)}
+        self._parse = pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False,
+                                         newlines_in_values=False, ignore_empty_lines=False)
+        self._convert = pacsv.ConvertOptions(
+            column_types=types, null_values=["\\N"], strings_can_be_null=True, true_values=["t"],
+            false_values=["f"], check_utf8=True)
+        self._converters: list[Callable[[str], Any]] = [t.from_text for t in shape.types]
+
+    def decode(self, chunks: Sequence[bytes], rows: int) -> pa.Table:
+        """``chunks`` concatenated are ``rows`` whole text-format rows (each ending with a newline)."""
+        data = b"".join([self._header, *chunks])
+        try:
+            parsed = pacsv.read_csv(pa.py_buffer(data), read_options=pacsv.ReadOptions(use_threads=True),
+                                    parse_options=self._parse, convert_options=self._convert)
+        except pa.ArrowInvalid as exc:
+            raise SourceError(f"snapshot of {self.shape.table}: COPY output could not be parsed: {exc}") from exc
+        if parsed.num_rows != rows:
+            raise SourceError(f"snapshot of {self.shape.table}: COPY sent {rows} rows but {parsed.num_rows} "
+                              "were parsed")
+        arrays = [self._column(i, parsed.column(i).combine_chunks()) for i in range(len(self._names))]
+        return pa.Table.from_arrays(arrays, schema=self._schema())
+
+    def _schema(self) -> pa.Schema:
+        return pa.schema([pa.field(c.name, c.type) for c in self.shape.schema.columns])
+
+    def _column(self, i: int, col: pa.Array) -> pa.Array:
+        kind = self._kinds[i]
+        arrow = self.shape.schema.columns[i].type
+        if kind is _Kind.PARSED:
+            return col
+        if kind is _Kind.FLOAT4:
+            return pc.cast(col, pa.float32())
+        col = _unescape(col)
+        if kind is _Kind.STRING:
+            return col
+        if kind is _Kind.PYTHON:
+            return self._per_value(i, col)
+        try:
+            if kind is _Kind.DECIMAL:
+                return pc.cast(self._no_special_numerics(i, col), arrow)
+            if kind is _Kind.DATE:
+                return pc.cast(_replace(col, {"infinity": "9999-12-31", "-infinity": "0001-01-01"}), arrow)
+            if kind is _Kind.TIMESTAMP:
+                return pc.cast(_replace(col, {"infinity": _TS_MAX, "-infinity": _TS_MIN}), arrow)
+            if kind is _Kind.TIMESTAMPTZ:
+                return pc.cast(_replace(col, {"infinity": _TS_MAX + "+00", "-infinity": _TS_MIN + "+00"}), arrow)
+            if kind is _Kind.TIME:
+                return self._time(col)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # a value the cast refuses (BC date, year 10000): the converter decides, value by value
+        return self._per_value(i, col)
+
+    def _no_special_numerics(self, i: int, col: pa.Array) -> pa.Array:
+        """NaN and ±Infinity do not fit a decimal column: NULL plus a warning, as the stream does."""
+        special = pc.is_in(col, pa.array(["NaN", "Infinity", "-Infinity"]))
+        if not pc.any(special).as_py():
+            return col
+        column = self.shape.schema.columns[i]
+        self._warnings.once(self.shape.table, column.name, UNREPRESENTABLE,
+                            error=f"numeric NaN or Infinity cannot be stored in {column.source_type}")
+        return pc.if_else(special, pa.scalar(None, pa.string()), col)
+
+    @staticmethod
+    def _time(col: pa.Array) -> pa.Array:
+        # No string → time cast in Arrow: parse as a timestamp on 1970-01-01, keep the microseconds of the day.
+        col = pc.if_else(pc.starts_with(col, "24:"), "23:59:59.999999", col)  # 24:00:00 → time.max
+        stamps = pc.cast(pc.binary_join_element_wise("1970-01-01 ", col, ""), pa.timestamp("us"))
+        return pc.cast(pc.cast(stamps, pa.int64()), pa.time64("us"))
+
+    def _per_value(self, i: int, col: pa.Array) -> pa.Array:
+        conv = self._converters[i]
+        column = self.shape.schema.columns[i]
+        out: list[Any] = []
+        for text in col.to_pylist():
+            if text is None:
+                out.append(None)
+                continue
+            try:
+                out.append(conv(text))
+            except (Unrepresentable, ValueError) as exc:
+                self._warnings.once(self.shape.table, column.name, UNREPRESENTABLE, error=str(exc))
+                out.append(None)
+        return pa.array(out, type=column.type)
