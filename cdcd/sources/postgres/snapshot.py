@@ -19,6 +19,7 @@ bytes for row ends).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,12 +32,18 @@ from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock
 from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
-from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
+from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
 from cdcd.sources.postgres.shape import TableShape, Warnings
 from cdcd.sources.postgres.types import Unrepresentable
 
 _DONE = object()
+
+#: Text bytes per RowBlock: small enough that parsing starts early and overlaps the COPY, big enough to
+#: keep per-block overhead negligible.
+BLOCK_BYTES = 4 << 20
+#: RowBlocks being parsed (or parsed, not handed on yet) per worker.
+_PARSING = 2
 
 
 @dataclass(slots=True)
@@ -167,36 +174,55 @@ class SnapshotReader:
             await out.put(err)
 
     async def _keyed(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
-        """Key-ordered chunks as RowBlocks; chunk k is parsed in a thread while chunk k+1 is read."""
+        """Key-ordered chunks as RowBlocks, parsed in threads while the COPY goes on.
+
+        A chunk's rows are cut into runs of about ``BLOCK_BYTES`` as they arrive; each run is parsed in a
+        worker thread while the rest (and the next chunk) is read. At most ``_PARSING`` runs are parsed
+        or waiting at once, so memory stays bounded; blocks are handed on in key order.
+        """
         decoder = CopyDecoder(table.shape, self._warnings)
         names = table.shape.schema.column_names
         key_fields = [names.index(k) for k in table.info.key]
-        parsing: asyncio.Future[pa.Table] | None = None
+        parsing: collections.deque[asyncio.Future[pa.Table]] = collections.deque()
+
+        async def hand_on(keep: int) -> None:
+            while len(parsing) > keep:
+                data = await parsing.popleft()
+                table.rows += data.num_rows
+                await out.put([RowBlock(table.shape.schema, watermark, data)])
+
+        async def parse(run: list[bytes]) -> None:
+            rows = sum(piece.count(b"\n") for piece in run)
+            parsing.append(asyncio.ensure_future(asyncio.to_thread(decoder.decode, run, rows)))
+            await hand_on(_PARSING)
+
         try:
             while True:
-                chunks = await _copy(conn, table.chunk_query(self._chunk_rows))
-                if parsing is not None:
-                    await self._put_block(table, await parsing, out, watermark)
-                    parsing = None
-                rows = sum(c.count(b"\n") for c in chunks)
-                if not rows:
-                    return
-                # The next chunk starts after this one's last key, taken from the raw text: no need to wait
-                # for the parse, and the key's text output casts back to exactly the same value.
-                table.after = last_row_fields(chunks, key_fields)
-                parsing = asyncio.ensure_future(asyncio.to_thread(decoder.decode, chunks, rows))
-                if rows < self._chunk_rows:
-                    await self._put_block(table, await parsing, out, watermark)
-                    parsing = None
+                runs = RowRuns(BLOCK_BYTES)
+                last: list[bytes] = []
+
+                async def collect(data: bytes) -> None:
+                    nonlocal last
+                    run = runs.feed(data)  # noqa: B023 - called only while this iteration's COPY runs
+                    if run:
+                        last = run
+                        await parse(run)
+
+                await conn.copy_from_query(table.chunk_query(self._chunk_rows), output=collect)
+                run = runs.rest()
+                if run:
+                    last = run
+                    await parse(run)
+                if runs.rows:
+                    # The next chunk starts after this one's last key, taken from the raw text: no need to wait
+                    # for the parse, and the key's text output casts back to exactly the same value.
+                    table.after = last_row_fields(last, key_fields)
+                if runs.rows < self._chunk_rows:
+                    await hand_on(0)
                     return
         finally:
-            if parsing is not None:
-                parsing.cancel()
-
-    @staticmethod
-    async def _put_block(table: SnapshotTable, data: pa.Table, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
-        table.rows += data.num_rows
-        await out.put([RowBlock(table.shape.schema, watermark, data)])
+            for fut in parsing:
+                fut.cancel()
 
     async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
         sql = f"SELECT {table.select_list()} FROM {quote_table(table.info.table)}"

@@ -25,8 +25,9 @@ def pg_config(server: PostgresServer, db: str, tables: list[str], **sections: di
 
 
 class Driver(SourceDriver):
-    def __init__(self, config: Config, position: Position | None = None, state: dict[str, Any] | None = None) -> None:
-        super().__init__(PostgresSource(config), position, state)
+    def __init__(self, config: Config, position: Position | None = None, state: dict[str, Any] | None = None,
+                 expand_blocks: bool = True) -> None:
+        super().__init__(PostgresSource(config), position, state, expand_blocks)
 
 
 def marks(items: list[Item], kind: str) -> list[Mark]:
