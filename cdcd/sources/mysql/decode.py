@@ -24,6 +24,7 @@ from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition, binlog_index
 from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
+from cdcd.sources.mysql.rowimage import TableDecoder, compile_table
 from cdcd.sources.mysql.schema import (
     SchemaHistory,
     apply_alter,
@@ -42,6 +43,7 @@ _TX_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "XA ", "RELEASE SAVEP
 class _Decoded:
     schema: TableSchema
     convert: list[tuple[str, Converter]]
+    fast: TableDecoder | None  # None: a column type rowimage does not read; pymysqlreplication decodes
 
 
 def event_start(ev: Any) -> int:
@@ -129,13 +131,13 @@ class Decoder:
             items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(current),
                                                "reason": "table map"}))
         conv = [(c.name, f) for c in current.columns if (f := stream_converter(c.source_type)) is not None]
-        d = _Decoded(current, conv)
+        d = _Decoded(current, conv, compile_table(list(tmap.columns), bool(ev._ignore_decode_errors)))
         self._decoded = {ev.table_id: (tmap, d)} | {k: v for k, v in self._decoded.items() if k != ev.table_id}
         return d
 
     @staticmethod
-    def _convert(d: _Decoded, values: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
-        row = dict(values)
+    def _convert(d: _Decoded, row: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
+        """Converts in place: the row dicts are fresh from the decoder and used only here."""
         if none_sources:
             _fix_empty_sets(row, none_sources)
         for name, f in d.convert:
@@ -241,19 +243,22 @@ class Decoder:
         tx = self.tx_id
         schema = d.schema
         conv = self._convert
+        decoded = d.fast.rows(ev) if d.fast is not None else None
+        if decoded is None:
+            decoded = ev.rows  # pymysqlreplication's own (slower) decoding: types or events rowimage does not read
         if isinstance(ev, rows.WriteRowsEvent):
-            for r in ev.rows:
+            for r in decoded:
                 after = conv(d, r["values"], r["none_sources"])
                 items.append(ChangeEvent(Op.CREATE, schema, self._pos(), None, after, tx, ts,
                                          unavailable=_unavailable(r["none_sources"])))
         elif isinstance(ev, rows.UpdateRowsEvent):
-            for r in ev.rows:
+            for r in decoded:
                 before = conv(d, r["before_values"], r["before_none_sources"])
                 after = conv(d, r["after_values"], r["after_none_sources"])
                 items.append(ChangeEvent(Op.UPDATE, schema, self._pos(), before, after, tx, ts,
                                          unavailable=_unavailable(r["after_none_sources"])))
         elif isinstance(ev, rows.DeleteRowsEvent):
-            for r in ev.rows:
+            for r in decoded:
                 before = conv(d, r["values"], r["none_sources"])
                 items.append(ChangeEvent(Op.DELETE, schema, self._pos(), before, None, tx, ts))
         self.tx_events += len(items)
