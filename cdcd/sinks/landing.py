@@ -181,6 +181,9 @@ class LandingWriter:
     def land(self, batch: Batch) -> dict[str, Any]:
         manifest = self.stage(batch)
         self.publish(manifest)
+        # Arrow's allocator keeps freed memory per thread for reuse; hand it back so that RSS follows
+        # the data in flight rather than the high-water mark of every thread that ever parsed a chunk.
+        pa.default_memory_pool().release_unused()
         return manifest
 
     def consumed(self, seqs: set[int]) -> set[int]:
