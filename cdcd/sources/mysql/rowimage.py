@@ -51,58 +51,12 @@ _MAX_TABLES = 256  # compiled table shapes kept
 
 # ------------------------------------------------------------------ value helpers (called from generated code)
 
-def _frac_reader(fsp: int) -> Callable[[bytes, int], int]:
-    """Microseconds from the fractional bytes, computed as pymysqlreplication does (signed big-endian)."""
-    n = _FRAC_BYTES[fsp]
-    if n == 0:
-        return lambda b, p: 0
-    scale: int = 10 ** (6 - fsp)
-    odd = fsp % 2 == 1
-
-    def read(b: bytes, p: int) -> int:
-        raw = int.from_bytes(b[p:p + n], "big", signed=True)
-        if odd:
-            raw = int(raw / 10)  # odd fsp stores one digit more than it keeps
-        return raw * scale
-
-    return read
-
-
 def _date(t: int) -> date | None:
     """DATE: 3 bytes little-endian, day | month << 5 | year << 9; zero parts are the zero date (None)."""
     year, month, day = (t >> 9) & 0x7FFF, (t >> 5) & 0xF, t & 0x1F
     if not (year and month and day):
         return None
     return date(year, month, day)
-
-
-def _datetime2_reader(fsp: int) -> Callable[[bytes, int], datetime | None]:
-    """DATETIME2: 5 bytes big-endian (sign, year*13+month, day, hour, minute, second) + fraction."""
-    frac = _frac_reader(fsp)
-
-    def read(b: bytes, p: int) -> datetime | None:
-        x = int.from_bytes(b[p:p + 5], "big")
-        ym = (x >> 22) & 0x1FFFF
-        try:
-            t = datetime(ym // 13, ym % 13, (x >> 17) & 0x1F, (x >> 12) & 0x1F, (x >> 6) & 0x3F, x & 0x3F)
-        except ValueError:
-            return None  # zero or partial-zero datetimes
-        us = frac(b, p + 5)
-        return t.replace(microsecond=us) if us > 0 else t
-
-    return read
-
-
-def _timestamp2_reader(fsp: int) -> Callable[[bytes, int], datetime]:
-    """TIMESTAMP2: signed big-endian seconds since the epoch (UTC) + fraction; naive, as pymysqlreplication."""
-    frac = _frac_reader(fsp)
-    seconds = struct.Struct(">i").unpack_from
-
-    def read(b: bytes, p: int) -> datetime:
-        us = frac(b, p + 4)
-        return _EPOCH + timedelta(0, seconds(b, p)[0], us if us > 0 else 0)
-
-    return read
 
 
 def _time2_reader(fsp: int) -> Callable[[bytes, int], timedelta]:
@@ -114,37 +68,52 @@ def _time2_reader(fsp: int) -> Callable[[bytes, int], timedelta]:
     return read
 
 
+def _decimal_groups(digits: int, full_first: bool) -> list[tuple[int, int]]:
+    """(bytes, 10**digits) of the packed groups of one side of the point, in order: 9 digits per 4 bytes,
+    the leftover digits in fewer bytes before the integer part's groups and after the fraction's."""
+    full, rem = divmod(digits, 9)
+    groups = [(4, 10 ** 9)] * full
+    if rem:
+        groups.insert(len(groups) if full_first else 0, (_DIG2BYTES[rem], 10 ** rem))
+    return groups
+
+
 def _decimal_reader(precision: int, scale: int) -> tuple[Callable[[bytes, int], Decimal], int]:
-    """Packed DECIMAL: groups of 9 digits in 4 bytes, the leftover digits of each side in fewer bytes,
-    big-endian; the first bit is the sign (1 = positive) and negative values have every bit inverted.
-    The text is built group by group as pymysqlreplication builds it, so the Decimal is the same
-    (scale digits after the point)."""
-    intg = precision - scale
-    int_full, int_rem = divmod(intg, 9)
-    frac_full, frac_rem = divmod(scale, 9)
-    lead, trail = _DIG2BYTES[int_rem], _DIG2BYTES[frac_rem]
-    size = lead + 4 * (int_full + frac_full) + trail
+    """Packed DECIMAL (MySQL ``decimal2bin``): big-endian groups, the first bit is the sign (1 = positive),
+    negative values have every bit inverted. The Decimal keeps ``scale`` digits after the point, as
+    pymysqlreplication's does; a group holding more digits than it may is an error, never a value."""
+    int_groups, frac_groups = _decimal_groups(precision - scale, False), _decimal_groups(scale, True)
+    size = sum(n for n, _ in int_groups + frac_groups)
+    sign_bit = 1 << (8 * size - 1)
+    flip_neg = ((1 << (8 * size)) - 1) ^ sign_bit
+
+    def split(groups: list[tuple[int, int]], shift: int) -> list[tuple[int, int, int]]:
+        out = []
+        for n, limit in groups:
+            shift -= 8 * n
+            out.append((shift, (1 << (8 * n)) - 1, limit))
+        return out
+
+    ints = split(int_groups, 8 * size)
+    fracs = split(frac_groups, ints[-1][0] if ints else 8 * size)
+
+    def digits(x: int, groups: list[tuple[int, int, int]]) -> int:
+        v = 0
+        for shift, mask, limit in groups:
+            g = x >> shift & mask
+            if g >= limit:
+                raise ValueError(f"a DECIMAL({precision},{scale}) group holds {g}, more digits than it may")
+            v = v * limit + g
+        return v
 
     def read(b: bytes, p: int) -> Decimal:
-        first = b[p]
-        neg = not first & 0x80
-        data = bytes((first ^ 0x80,)) + b[p + 1:p + size]
-        mask = -1 if neg else 0
-        parts = ["-" if neg else ""]
-        o = 0
-        if lead:
-            parts.append(str(int.from_bytes(data[:lead], "big", signed=True) ^ mask))
-            o = lead
-        for _ in range(int_full):
-            parts.append(f"{int.from_bytes(data[o:o + 4], 'big', signed=True) ^ mask:09d}")
-            o += 4
-        parts.append(".")
-        for _ in range(frac_full):
-            parts.append(f"{int.from_bytes(data[o:o + 4], 'big', signed=True) ^ mask:09d}")
-            o += 4
-        if trail:
-            parts.append(f"{int.from_bytes(data[o:o + trail], 'big', signed=True) ^ mask:0{frac_rem}d}")
-        return Decimal("".join(parts))
+        x = int.from_bytes(b[p:p + size], "big")
+        neg = not x & sign_bit
+        x ^= flip_neg if neg else sign_bit
+        text = f"{'-' if neg else ''}{digits(x, ints)}"
+        if scale:
+            text += f".{digits(x, fracs):0{scale}d}"
+        return Decimal(text)
 
     return read, size
 
@@ -242,12 +211,50 @@ def _temporal_col(c: Any) -> _Col:
         raise _Unsupported(f"fractional seconds precision {fsp}")
     n = _FRAC_BYTES[fsp]
     if c.type == FIELD_TYPE.DATETIME2:
-        return _Col(c.name, ("v{i} = R{i}(b, p)", f"p += {5 + n}", "if v{i} is None:",
-                             f"    s[K{{i}}] = {NONE_SOURCE.OUT_OF_DATETIME2_RANGE!r}"),
-                    (("R{i}", _datetime2_reader(fsp)),))
+        return _datetime2_col(c, fsp)
     if c.type == FIELD_TYPE.TIMESTAMP2:
-        return _Col(c.name, ("v{i} = R{i}(b, p)", f"p += {4 + n}"), (("R{i}", _timestamp2_reader(fsp)),))
+        return _timestamp2_col(c, fsp)
     return _Col(c.name, ("v{i} = R{i}(b, p)", f"p += {3 + n}"), (("R{i}", _time2_reader(fsp)),))
+
+
+def _frac_expr(fsp: int, at: int) -> str:
+    """Generated-code expression of the microseconds in the fraction bytes at p + at, read as
+    pymysqlreplication reads them (signed big-endian; odd fsp stores one digit more than it keeps)."""
+    n = _FRAC_BYTES[fsp]
+    frac = f"FB{{i}}(b[p + {at}:p + {at + n}], 'big', signed=True)"
+    if fsp % 2:
+        frac = f"int({frac} / 10)"
+    return f"{frac} * {10 ** (6 - fsp)}"
+
+
+def _datetime2_col(c: Any, fsp: int) -> _Col:
+    """DATETIME2 inline: 5 bytes big-endian (sign, year*13+month, day, hour, minute, second) + fraction.
+    Dates the datetime type cannot hold (zero dates, zero months or days) are None, as pymysqlreplication
+    gives them; a fraction above 999999 cannot be written by a server and is an error, not a None."""
+    n = _FRAC_BYTES[fsp]
+    head = ["x = FB{i}(b[p:p + 5], 'big')", "ym = x >> 22 & 131071"]
+    micro = "0"
+    if n:
+        head += [f"m = {_frac_expr(fsp, 5)}", "if m > 999999:",
+                 "    raise ValueError('a DATETIME fraction above 999999')"]
+        micro = "m if m > 0 else 0"
+    return _Col(c.name, (
+        *head, "try:",
+        f"    v{{i}} = DT{{i}}(ym // 13, ym % 13, x >> 17 & 31, x >> 12 & 31, x >> 6 & 63, x & 63, {micro})",
+        "except ValueError:", "    v{i} = None", f"    s[K{{i}}] = {NONE_SOURCE.OUT_OF_DATETIME2_RANGE!r}",
+        f"p += {5 + n}"), (("FB{i}", int.from_bytes), ("DT{i}", datetime)))
+
+
+def _timestamp2_col(c: Any, fsp: int) -> _Col:
+    """TIMESTAMP2 inline (the most common temporal type): signed big-endian seconds since the epoch (UTC)
+    and the fraction as ``_frac_expr`` reads it; a naive datetime, as pymysqlreplication gives."""
+    n = _FRAC_BYTES[fsp]
+    consts: tuple[tuple[str, Any], ...] = (("U{i}", struct.Struct(">i").unpack_from), ("E{i}", _EPOCH),
+                                           ("TD{i}", timedelta))
+    if n == 0:
+        return _Col(c.name, ("v{i} = E{i} + TD{i}(0, U{i}(b, p)[0])", "p += 4"), consts)
+    return _Col(c.name, (f"m = {_frac_expr(fsp, 4)}", "v{i} = E{i} + TD{i}(0, U{i}(b, p)[0], m if m > 0 else 0)",
+                         f"p += {4 + n}"), (*consts, ("FB{i}", int.from_bytes)))
 
 
 def _date_col(c: Any) -> _Col:

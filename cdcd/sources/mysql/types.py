@@ -159,6 +159,8 @@ def _to_bytes(v: Any) -> bytes:
 
 
 def _to_str(v: Any) -> str:
+    if type(v) is str:  # checked first: this runs for every text value streamed
+        return v
     if isinstance(v, bytes | bytearray):
         return bytes(v).decode("utf-8", "replace")
     return str(v)
