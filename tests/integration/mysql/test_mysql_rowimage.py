@@ -22,8 +22,14 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdcd.devservers import MariaDBServer
-from cdcd.sources.mysql import compat  # noqa: F401  (the decoding cdcd compares against)
+from cdcd.events import ChangeEvent, TableId
+from cdcd.sources.mysql import (
+    compat,  # noqa: F401  (the decoding cdcd compares against)
+    decode,
+)
+from cdcd.sources.mysql.binlog import _EVENTS
 from cdcd.sources.mysql.rowimage import compile_table, unsupported_reason
+from cdcd.sources.mysql.schema import SchemaHistory
 
 _server_ids = itertools.count(7101)
 _ids = itertools.count(1000)
@@ -306,16 +312,39 @@ def test_generated_rows_decode_exactly_like_pymysqlreplication(maria_server: Mar
     assert seen["write"] == len(rows) and seen["delete"] == len(rows)
 
 
-def test_unsupported_columns_fall_back() -> None:
-    class Col:
-        def __init__(self, **kw: Any) -> None:
-            defaults = {"name": "c", "unsigned": False, "character_set_name": None, "enum_values": None,
-                        "set_values": None}
-            self.__dict__.update(defaults | kw)
+def _decode_all(server: MariaDBServer, db: str, start: tuple[str, int]) -> list[Any]:
+    reader = BinLogStreamReader(
+        connection_settings={"host": "127.0.0.1", "port": server.port, "user": "root", "passwd": ""},
+        server_id=next(_server_ids), log_file=start[0], log_pos=start[1], resume_stream=True, blocking=False,
+        only_events=_EVENTS,
+    )
+    decoder = decode.Decoder("mariadb", {TableId(db, "t")}, SchemaHistory(), start[0], "")
+    out = []
+    try:
+        for ev in reader:
+            for item in decoder.feed(ev):
+                if isinstance(item, ChangeEvent):
+                    out.append((item.op, item.position, _exact(item.before), _exact(item.after), item.unavailable))
+    finally:
+        reader.close()
+    return out
 
-    assert compile_table([Col(type=3, name="a")]) is not None  # INT
-    assert compile_table([Col(type=3, name="a"), Col(type=245, name="j", length_size=4)]) is None  # MySQL JSON
-    assert unsupported_reason([Col(type=245, name="j", length_size=4)]) == "column 'j': column type code 245"
-    assert compile_table([Col(type=12, name="old")]) is None  # pre-5.6 DATETIME
-    assert "without a name" in str(unsupported_reason([Col(type=3, name=None)]))
-    assert "without labels" in str(unsupported_reason([Col(type=247, name="e", size=1)]))
+
+def test_decoder_items_are_the_same_on_both_paths(maria_server: MariaDBServer, maria_db: str,
+                                                  table: pymysql.connections.Connection,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = table
+    start = _position(conn)
+    with conn.cursor() as cur:
+        for rid, row in enumerate(EDGE_ROWS, 1):
+            _insert(cur, rid, row)
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("UPDATE t SET st = '', vc = 'm' WHERE id IN (1, 2)")
+        cur.execute("SET SESSION binlog_row_image = FULL")
+        cur.execute("UPDATE t SET st3 = 'm1', ts6 = NULL")
+        cur.execute("DELETE FROM t")
+    fast = _decode_all(maria_server, maria_db, start)
+    monkeypatch.setattr(decode, "compile_table", lambda *args: None)
+    slow = _decode_all(maria_server, maria_db, start)
+    assert len(fast) == 4 + 2 + 4 + 4
+    assert fast == slow
