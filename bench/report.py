@@ -34,6 +34,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
             notes = [f"{_fmt(r['items'])} items in {_fmt(r['cdcd_seconds'])} s"]
             if r.get("peak_rss_mb") is not None:
                 notes.append(f"peak RSS {_fmt(r['peak_rss_mb'])} MB")
+            if "applied_rate" in r:
+                notes.append(f"{_fmt(r['applied_rate'])} {r['unit']} without Spark start-up "
+                             f"({_fmt(r['applied_seconds'])} s in merges)")
             if "mariadb_binlog_rate" in r:
                 notes.append(f"mariadb-binlog --verbose: {_fmt(r['mariadb_binlog_rate'])} rows/s "
                              f"(ratio {_fmt(r['ratio_to_mariadb_binlog'])})")

@@ -141,7 +141,8 @@ class Consumer:
         self.applied_events += events
         self.applied_seconds += took
         first, last = segment[0][0], segment[-1][0]
-        _log(f"applied batches {first}..{last}: {events} events in {len(results)} tables, {took:.1f}s")
+        jobs = ", ".join(f"{t} {j} {s:.1f}s" for t, r in results.items() for j, s in r.timings.items())
+        _log(f"applied batches {first}..{last}: {events} events in {len(results)} tables, {took:.1f}s ({jobs})")
 
 
 def run(

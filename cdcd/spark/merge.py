@@ -10,12 +10,16 @@ touch are rewritten (all of them on a truncate or a schema change).
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from cdcd.spark.state import TableState
@@ -39,6 +43,19 @@ class TableResult:
     files: list[tuple[str, str]] = field(default_factory=list)  # changelog renames
     buckets: list[tuple[str | None, str]] = field(default_factory=list)  # (new dir or None, mirror bucket dir)
     events: int = 0
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per Spark job, for the log
+
+
+@contextmanager
+def _job(spark: SparkSession, result: TableResult, name: str) -> Iterator[None]:
+    """Name the Spark job (event log) and time it (the consumer's log line)."""
+    spark.sparkContext.setJobDescription(f"cdcd {name}")
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        result.timings[name] = result.timings.get(name, 0.0) + time.monotonic() - began
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
 
 
 def read_events(spark: SparkSession, files: list[LandedFile]) -> DataFrame:
@@ -87,6 +104,33 @@ def _changelog_events(
     )
 
 
+#: Target rows per mirror bucket: a batch that touches one bucket rewrites about this many rows.
+ROWS_PER_BUCKET = 262_144
+MAX_BUCKETS = 4096
+
+
+def sized_buckets(rows: int, minimum: int) -> int:
+    """Buckets for a mirror of ``rows`` rows: a power of two, at least ``minimum``."""
+    want = -(-rows // ROWS_PER_BUCKET)
+    n = 1
+    while n < want and n < MAX_BUCKETS:
+        n *= 2
+    return max(minimum, n)
+
+
+def _observed(observation: Observation) -> dict[str, Any] | None:
+    """The metrics an action reported, or None when the node was optimised away."""
+    try:
+        return observation.get
+    except Exception:
+        return None
+
+
+def _parquet_rows(dirs: list[str]) -> int:
+    """Rows in the Parquet files of these directories, from their footers."""
+    return sum(pq.read_metadata(f).num_rows for d in dirs for f in Path(d).glob("*.parquet"))
+
+
 def _bucket(key: list[Column], buckets: int) -> Column:
     return F.pmod(F.xxhash64(*key), F.lit(buckets)).cast("int")
 
@@ -115,12 +159,8 @@ def apply_table(
     events = read_events(spark, files)
     if prev.watermark:
         events = events.filter(F.col("_cdc_pos") >= F.lit(prev.watermark))
-    events = events.persist()
-    try:
-        return _apply(spark, events, table, files, cols, key, buckets, prev, run_id, table_dir, changelog_dir, work)
-    finally:
-        events.unpersist()
-
+    # Not cached: the landed files are read twice (change-log, mirror), which costs less than caching them.
+    return _apply(spark, events, table, files, cols, key, buckets, prev, run_id, table_dir, changelog_dir, work)
 
 def _apply(
     spark: SparkSession,
@@ -148,52 +188,73 @@ def _apply(
     log = events
     if prev.watermark and first_pos <= prev.watermark:
         log = _changelog_events(spark, events, key, prev, run_id, changelog_dir)
+    # everything the mirror plan depends on, measured while the change-log is written (no job of its own)
+    row_bucket = F.when(F.col("_cdc_op") != "t", _bucket([F.col(k).cast(types[k]) for k in key], buckets))
+    touched_sets = [F.collect_set(row_bucket).alias("touched")]
+    if has_before_key:
+        moved = [F.col("_cdc_before_key").getField(k).cast(types[k]) for k in key]
+        touched_sets.append(
+            F.collect_set(F.when(F.col("_cdc_before_key").isNotNull(), _bucket(moved, buckets))).alias("moved")
+        )
+        touched_sets.append(F.count_if(F.col("_cdc_before_key").isNotNull()).alias("key_changes"))
+    measures = [
+        F.count(F.lit(1)).alias("events"),
+        F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))).alias("truncate"),
+        F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))).alias("unavailable"),
+        *touched_sets,
+    ]
+    seen = Observation(f"cdcd-{uuid.uuid4().hex}")
+    observed = log.observe(seen, *measures)
     staged_log = work / "changelog"
-    log.sortWithinPartitions("_cdc_pos", "_cdc_batch", "_cdc_index").write.parquet(str(staged_log))
+    with _job(spark, result, "changelog"):
+        observed.sortWithinPartitions("_cdc_pos", "_cdc_batch", "_cdc_index").write.parquet(str(staged_log))
     tag = uuid.uuid4().hex[:12]  # a replayed batch must never overwrite the log files of its first application
     for n, part in enumerate(sorted(staged_log.glob("part-*.parquet"))):
         result.files.append((str(part), str(changelog_dir / f"{files[0].seq:020d}-{tag}-{n:04d}.parquet")))
-
-    # one round trip for everything the plan below depends on
-    row_bucket = F.when(F.col("_cdc_op") != "t", _bucket([F.col(k).cast(types[k]) for k in key], buckets))
-    touched_sets = [F.collect_set(row_bucket)]
-    if has_before_key:
-        moved = [F.col("_cdc_before_key").getField(k).cast(types[k]) for k in key]
-        touched_sets.append(F.collect_set(F.when(F.col("_cdc_before_key").isNotNull(), _bucket(moved, buckets))))
-    agg = events.agg(
-        F.count(F.lit(1)),
-        F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))),
-        F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))),
-        *touched_sets,
-    ).first()
-    assert agg is not None
-    result.events = int(agg[0])
-    truncate_pos: str | None = agg[1]
-    unavailable = set(agg[2] or ())
-    touched = {int(b) for s in agg[3:] for b in s}
+    agg = _observed(seen)
+    if agg is None:  # not reported (the optimizer dropped the node): measure with a job of its own
+        first = log.agg(*measures).first()
+        assert first is not None
+        agg = first.asDict()
+    # the deduplicated events go on to the mirror too: a re-delivered event is already in it
+    events = log
+    result.events = int(agg["events"])
+    truncate_pos: str | None = agg["truncate"]
+    unavailable = set(agg["unavailable"] or ())
+    touched = {int(b) for name in ("touched", "moved") for b in agg.get(name) or ()}
+    existing = {int(d.name.split("=", 1)[1]) for d in table_dir.glob(f"{BUCKET}=*")} if table_dir.is_dir() else set()
     schema_changed = bool(prev.columns) and prev.columns != columns
-    rewrite_all = truncate_pos is not None or schema_changed
-    if rewrite_all and table_dir.is_dir():
-        touched |= {int(d.name.split("=", 1)[1]) for d in table_dir.glob(f"{BUCKET}=*")}
+    rewrite_all = truncate_pos is not None or schema_changed or touched >= existing
+    if rewrite_all:
+        touched |= existing
+    # A new table gets buckets for its first rows; a table that outgrew its buckets gets more when
+    # this merge rewrites all of them anyway, so that a small batch later rewrites a small part.
+    if not prev.buckets and not existing:
+        buckets = sized_buckets(result.events, buckets)
+    elif rewrite_all and prev.rows is not None:
+        buckets = sized_buckets(prev.rows + result.events, buckets)
+    if buckets != state.buckets:
+        state.buckets = buckets
+        touched |= set(range(buckets))
 
-    def shaped(df: DataFrame, kind: str, key_from: dict[str, Column] | None = None) -> DataFrame:
+    def shaped(df: DataFrame, kind: Column, key_from: dict[str, Column] | None = None) -> DataFrame:
         picks = [(key_from[c] if key_from and c in key_from else F.col(c)).cast(types[c]).alias(c) for c in cols]
         return df.select(
             *picks,
             *[F.col(m) for m in MIRROR_META],
-            F.lit(kind).alias(_KIND),
+            kind.alias(_KIND),
             F.lit(1).alias(_RANK),
             F.col("_cdc_index"),
             F.col("_cdc_unavailable"),
         )
 
+    # one scan of the landed files for upserts and deletes; a second only when some update moved a key
     rows = events.filter(F.col("_cdc_op") != "t")
-    actions = shaped(rows.filter(F.col("_cdc_op").isin("c", "u", "r")), "U").unionByName(
-        shaped(rows.filter(F.col("_cdc_op") == "d"), "D")
-    )
-    if has_before_key:
+    actions = shaped(rows, F.when(F.col("_cdc_op") == "d", F.lit("D")).otherwise(F.lit("U")))
+    if int(agg.get("key_changes") or 0):
         moved_keys = {k: F.col("_cdc_before_key").getField(k) for k in key}
-        actions = actions.unionByName(shaped(rows.filter(F.col("_cdc_before_key").isNotNull()), "D", moved_keys))
+        old_keys = rows.filter(F.col("_cdc_before_key").isNotNull())
+        actions = actions.unionByName(shaped(old_keys, F.lit("D"), moved_keys))
     if truncate_pos is not None:
         actions = actions.filter(F.col("_cdc_pos") >= F.lit(truncate_pos))
     merged = actions
@@ -242,8 +303,19 @@ def _apply(
         *[F.col("_f").getField(m).alias(m) for m in MIRROR_META],
         F.col(BUCKET),
     )
+    written = Observation(f"cdcd-{uuid.uuid4().hex}")
+    out = out.observe(written, F.count(F.lit(1)).alias("rows"))
     staged = work / "mirror"
-    out.write.partitionBy(BUCKET).parquet(str(staged))
+    with _job(spark, result, "mirror"):
+        out.write.partitionBy(BUCKET).parquet(str(staged))
+    # the mirror's row count, for the bucket sizing: exact once every bucket has been rewritten
+    counted = _observed(written)
+    if counted is None:
+        state.rows = None
+    elif touched >= existing:
+        state.rows = int(counted["rows"])
+    elif prev.rows is not None:
+        state.rows = prev.rows - _parquet_rows(existing_dirs) + int(counted["rows"])
     for b in sorted(touched):
         new = staged / f"{BUCKET}={b}"
         result.buckets.append((str(new) if new.is_dir() else None, str(table_dir / f"{BUCKET}={b}")))

@@ -31,6 +31,7 @@ class TableState:
     run_id: str = ""  # landing run that applied it (snapshot rows share one position inside a run)
     columns: list[list[str]] = field(default_factory=list)  # the mirror's [name, spark type]
     buckets: int = 0
+    rows: int | None = None  # rows in the mirror (None: unknown, a state written before it was kept)
 
 
 @dataclass(slots=True)

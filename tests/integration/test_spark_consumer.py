@@ -164,3 +164,60 @@ async def test_crash_inside_a_micro_batch_is_rolled_back_or_forward(spark: objec
     assert 5 in consumed_seqs(landing)
     assert len(changelog_positions(target, "public.orders")) == 12
     assert not any((target / "work").iterdir())
+
+
+def bucket_files(target: Path, table: str) -> dict[int, list[str]]:
+    root = target / "tables" / table
+    return {int(d.name.split("=")[1]): sorted(f.name for f in d.iterdir()) for d in root.iterdir()}
+
+
+async def test_buckets_sized_from_rows_and_small_batches_rewrite_only_their_buckets(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import cdcd.spark.merge as merge
+    from cdcd.spark.consumer import Consumer
+
+    monkeypatch.setattr(merge, "ROWS_PER_BUCKET", 8)  # tiny buckets: the sizing shows on 100 rows
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    table = "public.log"
+
+    def state() -> dict[str, object]:
+        return json.loads((target / "state" / "consumer.json").read_text())["tables"][table]  # type: ignore[no-any-return]
+
+    def apply(seq: int) -> None:
+        Consumer(spark, landing, target, buckets=4).apply_upto(seq)  # type: ignore[arg-type]
+
+    await land(landing, [[ev(Op.READ, 100, 0, schema=LOG, after={"k": k, "v": "s"}, snapshot=True)
+                          for k in range(1, 101)]], [1])
+    apply(1)
+    assert (state()["buckets"], state()["rows"]) == (16, 100)  # 100 rows / 8 per bucket -> 16, not the 4 asked
+    before = bucket_files(target, table)
+    assert set(before) <= set(range(16))
+
+    await land(landing, [[ev(Op.UPDATE, 200, 1, schema=LOG, before={"k": 5}, after={"k": 5, "v": "new"})]], [2])
+    apply(2)
+    after = bucket_files(target, table)
+    changed = {b for b in set(before) | set(after) if before.get(b) != after.get(b)}
+    assert len(changed) == 1  # the bucket holding key 5, and no other
+    assert (state()["buckets"], state()["rows"]) == (16, 100)
+
+    # a batch that rewrites every bucket anyway re-buckets the grown table: 400 rows / 8 -> 64
+    await land(landing, [[ev(Op.CREATE, 300, i, schema=LOG, after={"k": k, "v": "c"})
+                          for i, k in enumerate(range(101, 401), 1)]], [3])
+    apply(3)
+    assert (state()["buckets"], state()["rows"]) == (64, 400)
+    rows = mirror(target, table)
+    assert set(rows) == set(range(1, 401)) and rows[5]["v"] == "new" and rows[7]["v"] == "s"
+    assert isinstance(spark, SparkSession)
+    placed = spark.read.parquet(str(target / "tables" / table))
+    assert placed.filter(F.col("cdc_bucket") != F.pmod(F.xxhash64("k"), F.lit(64))).count() == 0
+
+    before = bucket_files(target, table)
+    await land(landing, [[ev(Op.DELETE, 400, 1, schema=LOG, before={"k": 7})]], [4])
+    apply(4)
+    after = bucket_files(target, table)
+    assert len({b for b in set(before) | set(after) if before.get(b) != after.get(b)}) == 1
+    assert state()["rows"] == 399 and 7 not in mirror(target, table)
