@@ -12,6 +12,7 @@ marker is written only after the target commit. Runnable with spark-submit:
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -35,16 +36,17 @@ MAX_SEGMENT_EVENTS = 2_000_000
 FORMATS = ("parquet", "delta", "iceberg")
 
 
-def session() -> SparkSession:
-    """The active session, or a local one; spark-submit's master wins when set."""
-    builder = SparkSession.builder.appName("cdcd-spark-consumer")
-    active = SparkSession.getActiveSession()
-    if active is None:
-        from pyspark import SparkConf
+def under_spark_submit() -> bool:
+    """True when spark-submit started the JVM: its --master and --conf values must stand."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
-        if not SparkConf().contains("spark.master"):
-            builder = builder.master("local[2]").config("spark.ui.enabled", "false")
-        builder = builder.config("spark.sql.shuffle.partitions", "4")
+
+def session() -> SparkSession:
+    """The active session; under spark-submit the one it configured, else a local one."""
+    builder = SparkSession.builder.appName("cdcd-spark-consumer")
+    if SparkSession.getActiveSession() is None and not under_spark_submit():
+        builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", "4"))
     spark = builder.getOrCreate()
     # the mirror must read back with pyarrow: no INT96, instants in UTC
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -169,6 +171,7 @@ def run(
         _log(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return 2
     spark = session()
+    _log(f"Spark master {spark.sparkContext.master}; landing {landing}, target {target}, format {fmt}")
     if fmt == "parquet":
         consumer = Consumer(spark, landing_path, target_path, buckets)
     else:

@@ -12,7 +12,6 @@ are on Spark's classpath.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import uuid
@@ -69,7 +68,9 @@ def _log(message: str) -> None:
 def lakehouse_session(fmt: str) -> SparkSession:
     """The session, started with the format's SQL extension (and Delta's catalog) unless one is running."""
     if SparkSession.getActiveSession() is None:
-        under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM with its --conf values
+        from cdcd.spark.consumer import under_spark_submit
+
+        under_submit = under_spark_submit()
         SparkContext._ensure_initialized()  # so that SparkConf() shows those values: extend them, do not replace them
         conf = SparkConf()
         builder = SparkSession.builder
