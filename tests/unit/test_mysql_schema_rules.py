@@ -119,3 +119,13 @@ def test_preflight_rules_mysql_recorded() -> None:
     assert "binlog_format = 'ROW'" in failed["binlog_format"].fix
     old = ServerFacts("5.7.44", dict(MYSQL_VARS), list(MYSQL_GRANTS), {}, 5401)
     assert [r.name for r in evaluate(old) if not r.ok] == ["version"]
+
+
+def test_preflight_refuses_a_compressed_mariadb_binlog() -> None:
+    maria = {**MYSQL_VARS, "gtid_binlog_pos": "0-1-5"}
+    ok = ServerFacts("10.11.6-MariaDB", {**maria, "log_bin_compress": "OFF"}, list(MYSQL_GRANTS), {}, 5401)
+    assert [r.name for r in evaluate(ok) if not r.ok] == []
+    bad = ServerFacts("10.11.6-MariaDB", {**maria, "log_bin_compress": "ON"}, list(MYSQL_GRANTS), {}, 5401)
+    failed = {r.name: r for r in evaluate(bad) if not r.ok}
+    assert set(failed) == {"log_bin_compress"}
+    assert "SET GLOBAL log_bin_compress = OFF" in failed["log_bin_compress"].fix

@@ -36,6 +36,7 @@ HEARTBEAT_S = 1.0
 _EVENTS = [
     bl.QueryEvent, bl.RotateEvent, bl.FormatDescriptionEvent, bl.XidEvent, bl.GtidEvent, bl.MariadbGtidEvent,
     bl.MariadbGtidListEvent, bl.HeartbeatLogEvent, rows.WriteRowsEvent, rows.UpdateRowsEvent, rows.DeleteRowsEvent,
+    bl.NotImplementedEvent,  # so the decoder sees event types the library cannot decode (compressed ones)
 ]
 
 
@@ -188,7 +189,8 @@ class BinlogReader:
         return BinLogStreamReader(
             connection_settings=dict(self.settings), server_id=self.server_id, blocking=True,
             only_events=_EVENTS, only_schemas=self.only_schemas, only_tables=self.only_tables,
-            slave_heartbeat=HEARTBEAT_S, pymysql_wrapper=self._connect, enable_logging=False, **kw,
+            slave_heartbeat=HEARTBEAT_S, pymysql_wrapper=self._connect, enable_logging=False,
+            filter_non_implemented_events=False, **kw,
         )
 
     def _run(self) -> None:

@@ -20,6 +20,7 @@ from pymysqlreplication import event as bl
 from pymysqlreplication import row_event as rows
 from pymysqlreplication.constants import NONE_SOURCE
 
+from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition, binlog_index
 from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
@@ -35,6 +36,13 @@ from cdcd.sources.mysql.schema import (
 )
 from cdcd.sources.mysql.types import Converter, stream_converter
 
+#: MariaDB's compressed binlog events (log_bin_compress = ON): pymysqlreplication cannot decode them,
+#: and passing over them would lose the changes they hold.
+COMPRESSED_EVENTS = {
+    165: "QUERY_COMPRESSED_EVENT", 166: "WRITE_ROWS_COMPRESSED_EVENT_V1", 167: "UPDATE_ROWS_COMPRESSED_EVENT_V1",
+    168: "DELETE_ROWS_COMPRESSED_EVENT_V1", 169: "WRITE_ROWS_COMPRESSED_EVENT", 170: "UPDATE_ROWS_COMPRESSED_EVENT",
+    171: "DELETE_ROWS_COMPRESSED_EVENT",
+}
 _FL_STANDALONE = 1  # MariaDB GTID flag: the transaction is one statement (DDL), no XID follows
 _TX_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "XA ", "RELEASE SAVEPOINT")
 
@@ -152,6 +160,17 @@ class Decoder:
         if handler is None:
             return []
         return handler(self, ev)
+
+    def _on_not_implemented(self, ev: bl.NotImplementedEvent) -> list[Item]:
+        kind = COMPRESSED_EVENTS.get(int(ev.packet.event_type))
+        if kind is None:
+            return []  # an event type that carries no row changes (annotations, checkpoints...)
+        raise SourceFatal(
+            f"the binlog holds a {kind} at {self.file}:{event_start(ev)}: the server compresses its binlog "
+            "(log_bin_compress = ON), which cdcd cannot decode, and skipping it would lose those changes. "
+            "SET GLOBAL log_bin_compress = OFF (and in my.cnf), then re-snapshot: stop cdcd, move the state "
+            "directory (state.path) and the landing zone aside and start again"
+        )
 
     def _on_rotate(self, ev: bl.RotateEvent) -> list[Item]:
         self.file = ev.next_binlog
@@ -289,4 +308,5 @@ _HANDLERS: dict[type, Callable[[Decoder, Any], list[Item]]] = {
     rows.WriteRowsEvent: Decoder._on_rows,
     rows.UpdateRowsEvent: Decoder._on_rows,
     rows.DeleteRowsEvent: Decoder._on_rows,
+    bl.NotImplementedEvent: Decoder._on_not_implemented,
 }

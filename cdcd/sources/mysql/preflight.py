@@ -81,6 +81,13 @@ def evaluate(f: ServerFacts) -> list[CheckResult]:
             name, ok, f"{name} = {have or '(not supported)'}",
             "" if ok else f"SET GLOBAL {name} = '{want}' and set {name} = {want} in {cnf} (persists restarts)",
         ))
+    if flavor == "mariadb":
+        compressed = v.get("log_bin_compress", "OFF").upper() in ("ON", "1")
+        out.append(CheckResult(
+            "log_bin_compress", not compressed, f"log_bin_compress = {v.get('log_bin_compress', 'OFF')}",
+            f"SET GLOBAL log_bin_compress = OFF and set log_bin_compress = OFF in {cnf}: cdcd cannot decode "
+            "compressed binlog events" if compressed else "",
+        ))
     sid = v.get("server_id", "")
     if f.server_id is None:
         out.append(CheckResult("server_id", False, "source.mysql.server_id is not set",

@@ -181,7 +181,8 @@ class MySqlSource(Source):
     async def _variables(self) -> dict[str, str]:
         rows = await self._query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_bin', 'binlog_format', 'binlog_row_image', "
-            "'binlog_row_metadata', 'server_id', 'gtid_mode', 'gtid_binlog_pos', 'gtid_purged', 'version')")
+            "'binlog_row_metadata', 'server_id', 'gtid_mode', 'gtid_binlog_pos', 'gtid_purged', 'version', "
+            "'log_bin_compress')")
         return {str(k).lower(): str(v) for k, v in rows}
 
     async def _binlog_files(self) -> list[str]:
@@ -196,6 +197,9 @@ class MySqlSource(Source):
         if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
             raise SourceFatal("the server's binlog is off (log_bin): set log_bin, binlog_format=ROW, "
                               "binlog_row_image=FULL, binlog_row_metadata=FULL and restart it (see docs/mysql.md)")
+        if v.get("log_bin_compress", "OFF").upper() in ("ON", "1"):
+            raise SourceFatal("the server compresses its binlog (log_bin_compress = ON), which cdcd cannot decode: "
+                              "SET GLOBAL log_bin_compress = OFF and set it OFF in my.cnf (see docs/mysql.md)")
         if v.get("server_id") == str(self.server_id):
             raise SourceFatal(f"source.mysql.server_id {self.server_id} is the server's own server_id: choose a "
                               "number unique among its replicas")
