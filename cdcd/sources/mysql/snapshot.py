@@ -14,7 +14,9 @@ lock is held only around those statements, never during the table reads.
 
 Rows are read in primary-key order in chunks of ``snapshot.chunk_rows``
 (``WHERE key > last ORDER BY key LIMIT n``), so a restarted snapshot resumes
-after the last committed key.
+after the last committed key. Each chunk becomes one columnar ``RowBlock``:
+every column is built with one ``pa.array`` call on the driver's values, and
+the per-value converter runs only for a column Arrow refuses as it comes.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiomysql
+import pyarrow as pa
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Column, Item, Mark, Op, TableId, TableSchema
+from cdcd.events import Column, Item, Mark, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
 from cdcd.sources.mysql.tls import Tls, TlsError
@@ -246,9 +249,7 @@ class Snapshotter:
             prog.total_estimate = int(est[0] or 0) if est else 0
         yield [Mark("snapshot_table_start", at, {"table": str(table), "schema": schema_to_json(schema)})]
         names = schema.column_names
-        convs: list[tuple[int, Converter]] = [
-            (i, f) for i, c in enumerate(schema.columns) if (f := snapshot_converter(c.source_type)) is not None
-        ]
+        convs = [snapshot_converter(c.source_type) for c in schema.columns]
         select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {quote_ident(table.schema)}." \
                  f"{quote_ident(table.name)}"
         key_idx = [names.index(k) for k in pk]
@@ -266,18 +267,9 @@ class Snapshotter:
             async with conn.cursor() as cur:
                 await cur.execute(sql, params)
                 raw = await cur.fetchall()
-            items: list[Item] = []
-            for r in raw:
-                vals = list(r)
-                for i, f in convs:
-                    v = vals[i]
-                    if v is not None:
-                        vals[i] = f(v)
-                items.append(ChangeEvent(Op.READ, schema, at, None, dict(zip(names, vals, strict=True)),
-                                         snapshot=True))
-            prog.rows += len(items)
-            if items:
-                yield items
+            prog.rows += len(raw)
+            if raw:
+                yield [RowBlock(schema, at, rows_to_table(schema, convs, raw))]
             if not pk or len(raw) < self.chunk_rows:
                 break
             last = raw[-1]
@@ -296,6 +288,37 @@ class Snapshotter:
             with contextlib.suppress(Exception):
                 c.close()
         self._conns = []
+
+
+def column_array(values: Any, type_: pa.DataType, conv: Converter | None) -> pa.Array:
+    """One column's driver values → its landed Arrow array.
+
+    Most driver values are already what Arrow takes for the landed type (str for
+    text, bytes for binary, datetime for timestamps, Decimal for decimals), so the
+    whole column goes in one call; only when Arrow refuses a value (zero dates
+    as text, unsigned bigint overflow, invalid UTF-8...) does the converter run
+    on every value, giving exactly what the per-row path landed.
+    """
+    if conv is not None:
+        try:
+            return pa.array(values, type=type_)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            values = [None if v is None else conv(v) for v in values]
+    return pa.array(values, type=type_)
+
+
+def rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: Any) -> pa.Table:
+    """A chunk of driver rows (tuples in ``schema`` column order) → the RowBlock's Arrow table."""
+    columns = list(zip(*raw, strict=True)) if raw else [() for _ in schema.columns]
+    arrays = []
+    for col, values, conv in zip(schema.columns, columns, convs, strict=True):
+        try:
+            arrays.append(column_array(values, col.type, conv))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            # the row path failed the same way in the sink; here the column is known
+            raise SourceFatal(f"snapshot of {schema.table}: column {col.name!r} ({col.source_type}): values do not "
+                              f"fit Arrow type {col.type}: {exc}; the type mapping for this column is wrong") from exc
+    return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, c.type) for c in schema.columns]))
 
 
 def _after_clause(pk: tuple[str, ...], after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:

@@ -24,7 +24,7 @@ import aiomysql
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, TableId
+from cdcd.events import ChangeEvent, Item, Mark, RowBlock, TableId
 from cdcd.positions import MySqlPosition, Position, position_from_json
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import BinlogReader, Channel, StartPoint
@@ -60,11 +60,16 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in ((snap or {}).get("tables") or {}).items()}
     if snap is not None:
         snap = dict(snap)
-    last: dict[str, ChangeEvent] = {}
+    last: dict[str, ChangeEvent | RowBlock] = {}
     history: SchemaHistory | None = None
     for item in items:
         if type(item) is ChangeEvent:
             if item.snapshot:
+                last[str(item.table)] = item
+            continue
+        if type(item) is RowBlock:
+            # the batcher may have sliced the block: this slice's own last row is what is committed
+            if item.snapshot and item.rows:
                 last[str(item.table)] = item
             continue
         assert isinstance(item, Mark)
@@ -95,10 +100,10 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     return new
 
 
-def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent]) -> None:
+def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent | RowBlock]) -> None:
     for name, ev in last.items():
         entry = tables.setdefault(name, {"last_key": None, "done": False})
-        key = ev.key
+        key = ev.key if isinstance(ev, ChangeEvent) else ev.last_key
         entry["last_key"] = key_to_json(key) if ev.schema.key and key is not None else None
     last.clear()
 
