@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
-from cdcd.spark.merge import MIRROR_META, LandedFile, read_events
+from cdcd.spark.merge import MIRROR_META, LandedFile, latest_per_key, read_events
 
 _KIND = "_cdc_kind"  # U upsert, D delete
 _ORDER = ("_cdc_pos", "_cdc_batch", "_cdc_index")
@@ -105,26 +105,8 @@ def collapse(
     actions = _actions(events, cols, key, types)
     if found.truncate_pos is not None:  # the truncate removes what came before it
         actions = actions.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
-    order = F.struct(*_ORDER)
-    others = [c for c in cols if c not in key]
-    keep = [c for c in others if c in found.unavailable]
-    whole = [c for c in others if c not in found.unavailable]
-    # latest earlier value of each column that some event left unavailable (null struct: none in the batch)
-    provides = [
-        F.max_by(
-            F.struct(F.col(c).alias("v")),
-            F.when((F.col(_KIND) != "D") & ~F.array_contains("_cdc_unavailable", c), order),
-        ).alias(f"_v{i}")
-        for i, c in enumerate(keep)
-    ]
-    last = F.max_by(F.struct(*[F.col(c) for c in (*whole, *MIRROR_META, _KIND)]), order).alias("_f")
-    grouped = actions.groupBy(*key).agg(last, *provides)
-
-    def value(c: str) -> Column:
-        if c in keep:
-            return F.col(f"_v{keep.index(c)}").getField("v")
-        return F.col("_f").getField(c) if c in whole else F.col(c)
-
+    aggs, keep, value = latest_per_key(cols, key, found.unavailable, F.struct(*_ORDER))
+    grouped = actions.groupBy(*key).agg(*aggs)
     deleted = F.col("_f").getField(_KIND) == "D"
     unknown = [F.when(F.col(f"_v{i}").isNull(), F.lit(c)) for i, c in enumerate(keep)]
     still_unknown = F.filter(F.array(*unknown), lambda x: x.isNotNull()) if unknown else F.array()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,27 +277,9 @@ def _apply(
     merged = merged.withColumn(BUCKET, _bucket([F.col(k) for k in key], buckets))
 
     order = F.struct("_cdc_pos", _RANK, "_cdc_batch", "_cdc_index")
-    others = [c for c in cols if c not in key]
-    # The latest change gives the whole row, except columns some event left unavailable: those
-    # take the latest row that has them (one aggregate each, so only for the columns concerned).
-    kept = [c for c in others if c in unavailable]
-    provides = [
-        F.max_by(
-            F.struct(F.col(c).alias("v")),
-            F.when((F.col(_KIND) != "D") & ~F.array_contains("_cdc_unavailable", c), order),
-        ).alias(f"_v{i}")
-        for i, c in enumerate(kept)
-    ]
-    whole = [c for c in others if c not in unavailable]
-    final = F.max_by(F.struct(*[F.col(c) for c in (*whole, *MIRROR_META, _KIND)]), order).alias("_f")
+    aggs, _, value = latest_per_key(cols, key, unavailable, order)
     # partitioned by bucket first: the grouping reuses that shuffle and each task writes whole buckets
-    grouped = merged.repartition(BUCKET).groupBy(BUCKET, *key).agg(final, *provides)
-
-    def value(c: str) -> Column:
-        if c in kept:
-            return F.col(f"_v{kept.index(c)}").getField("v")
-        return F.col("_f").getField(c) if c in whole else F.col(c)
-
+    grouped = merged.repartition(BUCKET).groupBy(BUCKET, *key).agg(*aggs)
     out = grouped.filter(F.col("_f").getField(_KIND) != "D").select(
         *[value(c).alias(c) for c in cols],
         *[F.col("_f").getField(m).alias(m) for m in MIRROR_META],
@@ -320,3 +302,34 @@ def _apply(
         new = staged / f"{BUCKET}={b}"
         result.buckets.append((str(new) if new.is_dir() else None, str(table_dir / f"{BUCKET}={b}")))
     return result
+
+
+def latest_per_key(
+    cols: list[str], key: list[str], unavailable: set[str], order: Column
+) -> tuple[list[Column], list[str], Callable[[str], Column]]:
+    """The ordering rule as aggregates over rows grouped by key (shared by both target formats).
+
+    The latest row by ``order`` gives the whole row (``_f``: its values, the mirror
+    metadata and ``_cdc_kind``), except columns some event left unavailable: those
+    take the latest non-delete row that has them (``_v<i>``, a null struct when no
+    row has; one aggregate each, so only for the columns concerned). Returns the
+    aggregates, those columns, and how to read a column's value after the grouping.
+    """
+    others = [c for c in cols if c not in key]
+    kept = [c for c in others if c in unavailable]
+    whole = [c for c in others if c not in unavailable]
+    provides = [
+        F.max_by(
+            F.struct(F.col(c).alias("v")),
+            F.when((F.col(_KIND) != "D") & ~F.array_contains("_cdc_unavailable", c), order),
+        ).alias(f"_v{i}")
+        for i, c in enumerate(kept)
+    ]
+    final = F.max_by(F.struct(*[F.col(c) for c in (*whole, *MIRROR_META, _KIND)]), order).alias("_f")
+
+    def value(c: str) -> Column:
+        if c in kept:
+            return F.col(f"_v{kept.index(c)}").getField("v")
+        return F.col("_f").getField(c) if c in whole else F.col(c)
+
+    return [final, *provides], kept, value
