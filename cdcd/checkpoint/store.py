@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcd.errors import CheckpointError, CheckpointFatal, StateDirLocked, StateError
-from cdcd.fsutil import fsync_dir, remove_temps, write_durably
+from cdcd.fsutil import fsync_dir, remove_temps, storage_fix, write_durably
 from cdcd.positions import Position, position_from_json
 
 FORMAT_VERSION = 1
@@ -219,8 +219,8 @@ class CheckpointStore:
         except OSError as exc:
             self._last_save_id -= 1
             raise CheckpointError(
-                f"saving the checkpoint in {self.path} failed: {exc.strerror or exc}; "
-                "the next acknowledged batch retries (check disk space and permissions)"
+                f"saving the checkpoint in {self.path} failed: {exc.strerror or exc}; {storage_fix(exc)}. "
+                "cdcd retries the save until it succeeds; reading pauses while the batches wait"
             ) from exc
         return ckpt
 
