@@ -44,9 +44,11 @@ def write_durably(final: Path, data: bytes, sync_dir: bool = True) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, final)
-    except OSError:
+    except OSError as exc:
         # A full disk must not keep the half-written temp file: it holds the space the retry needs.
         tmp.unlink(missing_ok=True)
+        if exc.filename is None:  # os.write() names no file: name the one being written
+            exc.filename = str(final)
         raise
     if sync_dir:
         fsync_dir(final.parent)
