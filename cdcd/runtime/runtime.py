@@ -135,6 +135,7 @@ class Runtime:
         self._batcher = Batcher(self.config.landing.max_batch_events, self.config.landing.max_batch_delay_ms / 1000)
         self._handoff: asyncio.Queue[Batch] = asyncio.Queue(maxsize=_handoff_capacity())
         self._batch_opened = asyncio.Event()
+        self.stats.checkpoint_failing_since = None  # a restart after a stop while saves failed starts afresh
         self.stats.events_committed = self._checkpoint.event_count
         self.stats.committed_batch_seq = self._checkpoint.batch_seq
         self.stats.committed_position = self._checkpoint.position.encoded if self._checkpoint.position else None

@@ -81,9 +81,9 @@ class Disk(DaemonHarness):
         super().__init__(tmp)
         self.port = free_port()
 
-    def start_streaming(self) -> subprocess.Popen[bytes]:
+    def start_streaming(self, grace: float = 20) -> subprocess.Popen[bytes]:
         return self.start("landed", http={"listen": f"127.0.0.1:{self.port}"},
-                          runtime={"max_inflight_batches": MAX_INFLIGHT, "shutdown_grace_s": 20,
+                          runtime={"max_inflight_batches": MAX_INFLIGHT, "shutdown_grace_s": grace,
                                    "reconnect_max_s": 2.0})
 
     def get(self, endpoint: str) -> tuple[int, str]:
@@ -92,11 +92,13 @@ class Disk(DaemonHarness):
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+        except (urllib.error.URLError, ConnectionError) as exc:  # not listening yet (starting)
+            return 0, str(exc)
 
     def status(self) -> dict[str, Any]:
+        """/status, or {} while the daemon is not listening yet."""
         code, body = self.get("/status")
-        assert code == 200, body
-        doc: dict[str, Any] = json.loads(body)
+        doc: dict[str, Any] = json.loads(body) if code == 200 else {}
         return doc
 
     def temp_files(self) -> list[str]:
@@ -159,8 +161,8 @@ class MariaDisk(Disk):
 class Workload:
     """Inserts, updates and deletes in small transactions on a thread until stopped."""
 
-    def __init__(self, sql: Callable[[str], None], series: Callable[[int, int], str]) -> None:
-        self.sql, self.series = sql, series
+    def __init__(self, sql: Callable[[str], None], series: Callable[[int, int], str], base: int = 1000) -> None:
+        self.sql, self.series, self.base = sql, series, base
         self.rounds = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -169,7 +171,7 @@ class Workload:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                i = 1000 + self.rounds * 10
+                i = self.base + self.rounds * 10
                 self.sql(f"INSERT INTO t (id, v) {self.series(i, i + 9)}")
                 self.sql(f"UPDATE t SET v = v + 1 WHERE id % 7 = {self.rounds % 7}")
                 self.sql(f"DELETE FROM t WHERE id = {i + 3}")
@@ -339,4 +341,38 @@ def test_postgres_landing_disk_full_recovers(pg: PgDisk) -> None:
             s.wait("the checkpoint moved on",
                    lambda: (c := s.checkpoint()) is not None and c.batch_seq > frozen.batch_seq)
             s.wait("/readyz 200 again", lambda: s.get("/readyz")[0] == 200)
+        _finish(s, proc)
+
+
+def test_postgres_sigterm_while_checkpoint_disk_full(pg: PgDisk) -> None:
+    """SIGTERM while saves fail: the stop keeps retrying; space back within the grace period -> exit 0.
+    Still full when the grace period ends -> exit 3, checkpoint unmoved, and the restart loses nothing."""
+    s = pg
+    with tmpfs(s.state, "1m"):
+        proc = _start_with_rows(s, pg_series)
+        with Workload(s.sql, pg_series):
+            filler = fill(s.state)
+            s.wait("all in-flight slots taken by unsaved batches",
+                   lambda: (st := s.status())["checkpoint_failing"]
+                   and st["stats"]["batches_inflight"] == MAX_INFLIGHT)
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(3)  # the stop waits for the save (grace period: 20 s)
+        filler.unlink()
+        assert proc.wait(60) == 0, s.tail()
+        ckpt = s.checkpoint()
+        assert ckpt is not None and ckpt.batch_seq >= max(landed_seqs(s.landing)), "landed batches not checkpointed"
+
+        filler = fill(s.state)
+        proc = s.start_streaming(grace=3)
+        with Workload(s.sql, pg_series, base=500000):
+            s.wait("a checkpoint save failing after the restart", lambda: s.status().get("checkpoint_failing"))
+            frozen = s.checkpoint()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 3, s.tail()
+        assert "the checkpoint cannot be saved" in s.log.read_text()
+        assert s.checkpoint() == frozen
+        filler.unlink()
+        proc = s.start_streaming()
+        s.wait("the restart checkpointed", lambda: (c := s.checkpoint()) is not None and c.batch_seq > frozen.batch_seq)
         _finish(s, proc)
