@@ -397,17 +397,18 @@ class Runtime:
         stats = self.stats
         stats.checkpoint_failures += 1
         stats.checkpoint_error = stats.last_error = str(exc)
-        first = stats.checkpoint_failing_since is None
-        if first:
-            stats.checkpoint_failing_since = time.time()
+        now, since = time.time(), stats.checkpoint_failing_since
+        first = since is None
+        if since is None:
+            since = stats.checkpoint_failing_since = now
         retry = self._tasks.get("checkpoint-retry")
         if retry is None or retry.done():
             self._spawn("checkpoint-retry", self._retry_checkpoint())
-        # The first failure is an error; the retries, logged at most every few seconds, are warnings.
+        # The first failure is an error, the retries (every few seconds at most, once the slots are full) warnings.
         log = self._log.error if first else self._log.warning
         log("checkpoint save failed; retrying on a timer, reading is paused once the in-flight batches are full",
             error=str(exc), batch=batch, uncommitted_events=events, failures=stats.checkpoint_failures,
-            failing_for_s=round(time.time() - (stats.checkpoint_failing_since or time.time()), 1))
+            failing_for_s=round(now - since, 1))
 
     def _save_succeeded(self) -> None:
         stats = self.stats
