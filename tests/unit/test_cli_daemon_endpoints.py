@@ -130,3 +130,13 @@ def test_metrics_report_failing_checkpoint_saves_and_landing_writes() -> None:
     assert failing[("cdcd_landing_write_failures_total", ())] == 2
     assert failing[("cdcd_landing_failing", ())] == 1
     assert 5 <= failing[("cdcd_landing_failing_seconds", ())] < 3600
+
+
+def test_status_line_and_progress_log_name_a_storage_fault() -> None:
+    from cdcd.daemon.progress import RateTracker, progress_fields, summary_line
+
+    doc = _status(100)
+    assert "PAUSED" not in summary_line(doc)
+    doc["storage_fault"] = {"error": "checkpoint saves are failing: disk full", "failing_for_s": 12.0}
+    assert "PAUSED for 12.0s: checkpoint saves are failing: disk full" in summary_line(doc)
+    assert progress_fields(doc, RateTracker())["storage_fault"] == doc["storage_fault"]
