@@ -314,10 +314,18 @@ def test_mariadb_checkpoint_disk_full_recovers(maria: MariaDisk) -> None:
 
 
 def test_postgres_landing_disk_full_recovers(pg: PgDisk) -> None:
-    s = pg
+    _landing_outage(pg, pg_series)
+
+
+def test_mariadb_landing_disk_full_recovers(maria: MariaDisk) -> None:
+    _landing_outage(maria, maria_series)
+
+
+def _landing_outage(s: Disk, series: Callable[[int, int], str]) -> None:
+    """Fill the landing tmpfs while the workload streams: nothing partial, nothing checkpointed; then free it."""
     with tmpfs(s.landing, "16m"):
-        proc = _start_with_rows(s, pg_series)
-        with Workload(s.sql, pg_series) as work:
+        proc = _start_with_rows(s, series)
+        with Workload(s.sql, series) as work:
             filler = fill(s.landing)
             s.wait("a batch failing to land", lambda: s.status()["sink"].get("failing_since"))
             # The failing batch holds the one in-flight slot left: everything before it is checkpointed.
