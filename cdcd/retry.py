@@ -66,7 +66,7 @@ class Backoff:
         elapsed = now - self.failing_since
         if self.budget_s is not None and elapsed >= self.budget_s and self._give_up is not None:
             raise self._give_up(elapsed, error) from error
-        delay = min(self.max_s, self.first_s * 2.0 ** self.attempts)
+        delay = min(self.max_s, self.first_s * 2.0 ** min(self.attempts, 60))
         self.attempts += 1
         if self.jitter:
             delay = min(self.max_s, delay * (1 + random.random() * self.jitter))
