@@ -5,6 +5,8 @@ the source.
 * every connection reset and new ones refused for 20 s in the middle of the snapshot: the daemon keeps
   running, reconnects once the server answers again, and resumes the snapshot at the last acked chunk;
 * the MariaDB server restarted in the middle of the snapshot: the same;
+* every open connection silenced for good in the middle of the snapshot: the read timeout ends the
+  chunk query, the daemon reconnects and resumes;
 * every open connection silenced for good while streaming (no FIN, no RST; new connections work): the
   stall detector notices, the daemon reconnects, nothing is lost, /status shows the reconnect;
 * the source unreachable for longer than runtime.source_retry_timeout_s: exit 4 naming the outage.
@@ -307,9 +309,9 @@ def restart(server: MariaDBServer) -> None:
 # ------------------------------------------------------------------ the scenarios
 
 
-def _mid_snapshot(s: Setup, fault: Callable[[], None]) -> None:
+def _mid_snapshot(s: Setup, fault: Callable[[], None], **extra: dict[str, Any]) -> None:
     """Snapshot under a workload, ``fault`` once part of it is checkpointed, then converge."""
-    proc = s.run("consumed")
+    proc = s.run("consumed", **extra)
     work = Workload(s.execute)
     work.start()
     s.consumer.on.set()
@@ -349,6 +351,13 @@ def test_mariadb_reset_and_refused_mid_snapshot_recovers(maria: MariaSetup) -> N
 
 def test_mariadb_server_restart_mid_snapshot_recovers(own_maria: MariaSetup) -> None:
     _mid_snapshot(own_maria, lambda: restart(own_maria.server))
+
+
+@pytest.mark.parametrize("source", ["pg", "maria"])
+def test_blackhole_mid_snapshot_ends_in_the_read_timeout(source: str, request: pytest.FixtureRequest) -> None:
+    s: Setup = request.getfixturevalue(source)
+    _mid_snapshot(s, s.proxy.blackhole, runtime={"source_read_timeout_s": 5})
+    assert "read timeout" in s.log.read_text() or "runtime.source_read_timeout_s" in s.log.read_text()
 
 
 def _blackhole_while_streaming(s: Setup) -> dict[str, Any]:
