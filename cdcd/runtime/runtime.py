@@ -37,6 +37,7 @@ from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
 from cdcd.events import ChangeEvent, Item, RowBlock, event_count
 from cdcd.positions import Position
+from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.batcher import Batcher
 from cdcd.runtime.interfaces import Batch, ResumePoint, Sink, Source
@@ -44,7 +45,6 @@ from cdcd.runtime.state import RuntimeState
 
 __all__ = ["Runtime", "RuntimeState", "RuntimeStats"]
 
-_BACKOFF_START_S = 0.5
 #: Cap of the checkpoint save retry: a save is a few KB, so retrying often costs nothing and the
 #: pipeline resumes within seconds of the disk recovering.
 _CHECKPOINT_RETRY_MAX_S = 5.0
@@ -236,28 +236,38 @@ class Runtime:
     # -- pipeline tasks -----------------------------------------------------------------
 
     async def _read(self) -> None:
-        delay = _BACKOFF_START_S
+        retry = source_backoff(self.config, f"reading the {self.source.kind} source")
+        reconnect = False
         while True:
             try:
-                await self._read_stream()
+                if reconnect:
+                    # Inside the try: a reconnect that fails (server still down) is retried like the error before it.
+                    self.source.terminate()
+                    await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
+                await self._read_stream(retry)
                 break
             except SourceError as exc:
                 if exc.fatal:
                     raise
+                delay = retry.failure(exc)  # raises SourceFatal once runtime.source_retry_timeout_s is spent
+                reconnect = True
                 self.stats.last_error = str(exc)
                 self.stats.source_reconnects += 1
-                self._log.warning("source error, reconnecting", error=str(exc), retry_in_s=round(delay, 2))
+                self._log.warning("source error, reconnecting", error=str(exc), retry_in_s=round(delay, 2),
+                                  attempt=retry.attempts, failing_for_s=round(retry.failed_for_s(), 1))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.runtime.reconnect_max_s)
-                self.source.terminate()
-                await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
         # The source ended (snapshot.mode = initial_only): land the rest and stop gracefully.
         self._log.info("source stream ended; stopping after the last batch is committed")
         asyncio.get_running_loop().create_task(self._stop_after_end())
 
-    async def _read_stream(self) -> None:
+    async def _read_stream(self, retry: Backoff) -> None:
         batcher, stats, opened = self._batcher, self.stats, self._batch_opened
+        recovering = retry.attempts > 0
         async for item in self.source.stream():
+            if recovering:  # the source delivers again: the outage is over
+                recovering = False
+                retry.success()
+                self._log.info("source recovered", reconnects=stats.source_reconnects)
             if isinstance(item, ChangeEvent | RowBlock):
                 rows = event_count(item)
                 if not item.snapshot:
@@ -318,7 +328,7 @@ class Runtime:
                 self._handoff.task_done()
 
     async def _deliver_with_retry(self, batch: Batch) -> None:
-        delay = _BACKOFF_START_S
+        retry = Backoff(max_s=self.config.runtime.reconnect_max_s)  # no budget: landing waits for the space
         while True:
             try:
                 await self.sink.deliver(batch)
@@ -327,10 +337,10 @@ class Runtime:
                 if exc.fatal:
                     raise
                 self.stats.last_error = str(exc)
+                delay = retry.failure(exc)
                 self._log.warning("landing the batch failed, retrying", batch=batch.seq, error=str(exc),
                                   retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.runtime.reconnect_max_s)
 
     async def _ack(self) -> None:
         async for seq in self.sink.acks():
@@ -341,13 +351,11 @@ class Runtime:
 
     async def _retry_checkpoint(self) -> None:
         """Retry a failed checkpoint save on a timer until it succeeds (no further ack may ever come)."""
-        delay = _BACKOFF_START_S
-        cap = min(_CHECKPOINT_RETRY_MAX_S, self.config.runtime.reconnect_max_s)
+        retry = Backoff(max_s=min(_CHECKPOINT_RETRY_MAX_S, self.config.runtime.reconnect_max_s))
         while True:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(retry.failure(CheckpointError("checkpoint save failed")))
             if await self._commit():
                 return
-            delay = _next_delay(delay, cap)
 
     async def _commit(self) -> bool:
         """Checkpoint the contiguous acked prefix, then tell the source and the sink.
@@ -511,11 +519,6 @@ class Runtime:
                         self._done.set_exception(error)
                 self._log.info("runtime stopped", graceful=graceful, committed_batch=self._barrier.committed_seq,
                                events_committed=self.stats.events_committed)
-
-
-def _next_delay(delay: float, cap: float) -> float:
-    """Capped exponential backoff: the next wait after ``delay``."""
-    return min(delay * 2, cap)
 
 
 def _handoff_capacity() -> int:
