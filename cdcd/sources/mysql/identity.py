@@ -135,9 +135,9 @@ def judge(facts: BinlogFacts, recorded: dict[str, Any] | None, epoch: int, pos: 
                 f"the server ({facts.describe()}) no longer has GTIDs that {what} has seen: {missing} (the "
                 f"checkpoint has {pos.gtid}, the server's {gtid_name} is {facts.gtid or 'empty'}): its binlog was "
                 "reset (RESET MASTER / RESET BINARY LOGS AND GTIDS) or it was restored from an older backup")
-    if pos.file:
+    if pos.file and pos.epoch >= epoch:
         _check_file(facts, pos, what)
-    elif not usable:
+    elif not usable:  # an epoch's start, or a position of an earlier server: only its GTID set locates it
         raise PositionLost(f"{what} ({pos}) is known by its GTID set only, and the server does not use GTIDs")
     return Verdict(epoch, usable, False)
 

@@ -37,7 +37,7 @@ from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import BinlogReader, Channel, StartPoint
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.gtid import check_not_purged
-from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge
+from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
 from cdcd.sources.mysql.snapshot import (
@@ -51,6 +51,8 @@ from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import key_from_json, key_to_json
 
 log = structlog.get_logger("cdcd.source.mysql")
+
+HISTORY_CHECK_S = 5.0  # while streaming, how often the server's binlog is checked against the last position
 
 QUEUE_ITEMS = 20000  # decoded items buffered ahead of the runtime; the binlog reader waits beyond
 
@@ -402,14 +404,41 @@ class MySqlSource(Source):
         facts = await self._server_facts()
         verdict = self._judge(facts, self._server, pos, "the last delivered transaction")
         if verdict is None or isinstance(verdict, str):
-            problem = verdict or (f"binlog file {pos.file} of the last delivered transaction ({pos}) is no longer on "
-                                  f"the server ({facts.describe()}): it was purged")
-            if self.config.snapshot.mode == "when_needed":
-                raise Replan(f"{problem}; snapshot.mode = when_needed re-plans (a new snapshot)")
-            raise SourceFatal(f"{problem}. {LOST_FIX}")
+            raise self._lost_error(verdict or (f"binlog file {pos.file} of the last delivered transaction ({pos}) is "
+                                               f"no longer on the server ({facts.describe()}): it was purged"))
         self._adopt(facts, verdict)
         self._arm_resend_skip(pos)
         return self._start_at(pos), self._server_marks(self._mark_at(pos))
+
+    def _lost_error(self, problem: str) -> SourceError:
+        if self.config.snapshot.mode == "when_needed":
+            return Replan(f"{problem}; snapshot.mode = when_needed re-plans (a new snapshot)")
+        return SourceFatal(f"{problem}. {LOST_FIX}")
+
+    async def _watch_history(self, channel: Channel) -> None:
+        """While streaming, check every HISTORY_CHECK_S that the server's binlog still holds the last delivered
+        position. A dump does not notice RESET MASTER (it waits at its old offset, and new transactions go to a
+        new file 1 it never reads): without this, nothing would land and nothing would be logged."""
+        while True:
+            await asyncio.sleep(HISTORY_CHECK_S)
+            pos = self._last_emitted or self._resume_pos
+            if pos is None:
+                continue
+            try:
+                facts = await self._server_facts()
+            except SourceError:
+                continue  # the control connection is down: the stream notices the outage itself
+            if not same_server(self._server, facts):
+                channel.finish(SourceError(f"the server behind {self.settings['host']}:{self.settings['port']} is now "
+                                           f"{facts.describe()}; reconnecting to follow it"))
+                return
+            try:
+                judge(facts, self._server, self._epoch, pos, "the last delivered transaction")
+            except PurgedFile:
+                continue  # a file behind the one being read was purged: only a reconnect needs it
+            except PositionLost as exc:
+                channel.finish(self._lost_error(str(exc)))
+                return
 
     async def _current_position(self) -> Watermark:
         conn = await self._control()
@@ -488,6 +517,7 @@ class MySqlSource(Source):
                                   channel, tls=self.tls)
             self._reader, self._channel = reader, channel
             reader.start()
+            watch = asyncio.create_task(self._watch_history(channel), name="mysql-history-watch")
             try:
                 while True:
                     chunk = await channel.get_many()
@@ -518,6 +548,8 @@ class MySqlSource(Source):
                 backoff = min(backoff * 2, self.config.runtime.reconnect_max_s)
                 reconnecting = True
             finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)  # it shares the control connection
                 reader.stop()
                 await loop.run_in_executor(None, reader.join, 5.0)
                 await self._kill_dump(reader)
@@ -527,7 +559,9 @@ class MySqlSource(Source):
         file it reads (PURGE BINARY LOGS skips files in use)."""
         ids = [int(t) for t in reader.thread_ids]
         reader.thread_ids.clear()
-        if not ids:
+        if not ids or self._ctl is None or self._ctl.closed:
+            # no live control connection: never open one for this, it could reach another server (a failover)
+            # whose connection ids mean other sessions
             return
         with contextlib.suppress(Exception):
             for tid in ids:
