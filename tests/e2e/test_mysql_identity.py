@@ -170,6 +170,33 @@ def test_gtid_failover_to_a_replica_lands_everything_written_on_it(
         s.close()
 
 
+def test_failover_while_stopped_is_followed_at_start(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    primary, replica = pair
+    s = Setup(tmp_path, primary.port)
+    try:
+        s.start("landed")
+        s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 51)))
+        rng = random.Random(11)
+        workload(primary, rng, range(1, 120), 60, "p")
+        run_sql(primary, "app", "INSERT INTO t VALUES (1000, 0, 'primary-sentinel')")
+        s.wait("the primary's writes landed", lambda: 1000 in s.landed_ids())
+        s.procs[-1].send_signal(signal.SIGTERM)
+        assert s.exit_code(60) == 0, s.tail()
+        workload(primary, rng, range(1, 120), 20, "q")  # written while cdcd is down, replicated
+        replica.wait_replicated(primary)
+        primary.stop()
+        replica.promote()
+        workload(replica, rng, range(1, 120), 40, "r")
+        s.port = replica.port  # the operator points cdcd at the new primary and starts it
+        s.start("landed")
+        run_sql(replica, "app", "INSERT INTO t VALUES (2000, 0, 'replica-sentinel')")
+        s.wait("the new primary's writes landed", lambda: 2000 in s.landed_ids())
+        assert s.replay() == table(replica)
+    finally:
+        s.close()
+
+
 def test_failover_to_a_replica_lacking_gtids_stops_naming_them(
         tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
     primary, replica = pair

@@ -292,15 +292,14 @@ class MySqlSource(Source):
                 start = self._start_at(wm)
                 return _Plan(start=start, announce=[Mark("stream_start", wm, {}), *self._server_marks(wm)])
             return self._fresh_snapshot_plan(mode)
-        files = facts.files
         if snap and not snap.get("done"):
             wm_pos = position_from_json(snap["watermark"])
             assert isinstance(wm_pos, MySqlPosition)
             verdict = self._judge(facts, recorded, wm_pos, "the interrupted snapshot's watermark")
             if verdict is None:
-                return self._purged(wm_pos, files, mode, "the interrupted snapshot's watermark")
+                return self._purged(wm_pos, facts, mode, "the interrupted snapshot's watermark")
             if isinstance(verdict, str):
-                return self._lost(verdict, mode)
+                return self._lost(verdict, mode, facts)
             self._adopt(facts, verdict)
             tasks = [SnapshotTask(TableId.parse(t), key_from_json(e["last_key"]) if e.get("last_key") else None)
                      for t, e in sorted((snap.get("tables") or {}).items()) if not e.get("done")]
@@ -320,9 +319,9 @@ class MySqlSource(Source):
         what = "the checkpoint"
         verdict = self._judge(facts, recorded, pos, what)
         if verdict is None:
-            return self._purged(pos, files, mode, what)
+            return self._purged(pos, facts, mode, what)
         if isinstance(verdict, str):
-            return self._lost(verdict, mode)
+            return self._lost(verdict, mode, facts)
         if self.flavor == "mysql" and self.gtid_mode and pos.gtid:
             check_not_purged("mysql", pos.gtid, v.get("gtid_purged", ""))
         self._adopt(facts, verdict)
@@ -370,24 +369,29 @@ class MySqlSource(Source):
         partial = pos.epoch < self._epoch and pos.file and not self._last_was_commit and pos.seq > 0
         self._resend_skip = (pos.gtid, pos.seq) if partial else None
 
-    def _lost(self, problem: str, mode: str) -> _Plan:
+    def _lost(self, problem: str, mode: str, facts: BinlogFacts) -> _Plan:
         if mode == "when_needed":
             log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
                         problem=problem)
-            self.history = SchemaHistory()
-            self._epoch += 1  # the new snapshot's positions must sort above everything landed before
-            return self._fresh_snapshot_plan(mode)
+            return self._resnapshot_plan(mode, facts)
         raise SourceFatal(f"{problem}. {LOST_FIX}")
+
+    def _resnapshot_plan(self, mode: str, facts: BinlogFacts) -> _Plan:
+        """A new snapshot replacing a lost position: a new epoch on this server, so its rows and the changes after
+        it sort above everything landed before."""
+        self.history = SchemaHistory()
+        self._epoch += 1
+        self._adopt(facts, None)
+        return self._fresh_snapshot_plan(mode)
 
     def _fresh_snapshot_plan(self, mode: str) -> _Plan:
         tasks = [SnapshotTask(t) for t in sorted(self.tables)]
         return _Plan(snapshot_tasks=tasks, fresh_snapshot=True, stream=mode != "initial_only")
 
-    def _purged(self, pos: MySqlPosition, files: list[str], mode: str, what: str) -> _Plan:
+    def _purged(self, pos: MySqlPosition, facts: BinlogFacts, mode: str, what: str) -> _Plan:
         if mode == "when_needed":
-            self.history = SchemaHistory()
-            self._epoch += 1
-            return self._fresh_snapshot_plan(mode)
+            return self._resnapshot_plan(mode, facts)
+        files = facts.files
         oldest = files[0] if files else "(none)"
         raise SourceFatal(
             f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
