@@ -197,6 +197,38 @@ def test_failover_while_stopped_is_followed_at_start(
         s.close()
 
 
+def test_failover_after_a_kill_inside_a_transaction_delivers_the_rest_of_it_once(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    primary, replica = pair
+    s = Setup(tmp_path, primary.port)
+    try:
+        s.start("consumed", snapshot={"mode": "never"})
+        s.wait("the stream start in the checkpoint", lambda: s.checkpoint() is not None)
+        run_sql(primary, "app", "INSERT INTO t SELECT seq, seq, 'big' FROM seq_1001_to_1200")  # one transaction
+        s.wait("60 events landed", lambda: sum(len(rows(b)) for b in s.batches()) >= 60)
+        acked_rows, last_acked = s.consume_upto(30)
+        s.wait("the checkpoint covers the acked batches",
+               lambda: (c := s.checkpoint()) is not None and c.batch_seq >= last_acked)
+        ckpt = s.checkpoint()
+        assert ckpt is not None and ckpt.source_state.get("inside_tx") is True
+        s.kill()
+        max_seq = max(b.seq for b in s.batches())
+        replica.wait_replicated(primary)
+        primary.stop()
+        replica.promote()
+        s.port = replica.port
+        s.start("landed", snapshot={"mode": "never"})
+        s.wait("the whole transaction landed", lambda: s.landed_ids() >= set(range(1001, 1201)))
+        after = [r for b in s.batches() if b.seq > max_seq for r in rows(b)]
+        acked = {r["id"] for r in acked_rows}
+        assert not {r["id"] for r in after} & acked, "an acked event of the transaction came again"
+        assert {r["id"] for r in after} == set(range(1001, 1201)) - acked
+        assert len(after) == len({r["id"] for r in after})
+        assert all(r["_cdc_pos"].startswith("my:e000001:") for r in after)
+    finally:
+        s.close()
+
+
 def test_failover_to_a_replica_lacking_gtids_stops_naming_them(
         tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
     primary, replica = pair

@@ -106,3 +106,35 @@ def test_pg_timeline_change_is_accepted_only_when_it_forked_after_what_was_captu
         judge_system(SYS, SystemFacts("7301", 2, 5000), 4000, "1\t0/F00\tx\n", "pg")
     with pytest.raises(HistoryDiverged, match=r"timeline 1, older than the checkpoint's timeline 2"):
         judge_system({"systemid": "7301", "timeline": 2}, SystemFacts("7301", 1, 5000), 4000, None, "pg")
+
+
+def test_fold_records_whether_the_checkpoint_sits_on_a_commit() -> None:
+    from cdcd.events import Mark
+    from cdcd.sources.mysql.source import fold_state
+
+    mid = MySqlPosition.at("b.000001", 100, 2, "0-1-5")
+    inside = fold_state({}, [Mark("ddl", mid, {"table": "d.t", "ddl": "x"})])
+    assert inside["inside_tx"] is True
+    assert "inside_tx" not in fold_state(inside, [Mark("commit", mid, {"events": 1})])
+    assert fold_state({}, [Mark("server", mid, {"server_id": 2, "uuid": "", "epoch": 1})])["server"]["epoch"] == 1
+
+
+def test_resuming_on_another_server_inside_a_transaction_skips_only_its_delivered_items() -> None:
+    from cdcd.config import parse_config
+    from cdcd.sources.mysql.source import MySqlSource
+
+    config = parse_config({"source": {"kind": "mariadb", "port": 3306, "user": "u", "password": "p",
+                                      "database": "d", "tables": ["d.t"], "mysql": {"server_id": 9}}}, env={})
+    src = MySqlSource(config)
+    src._epoch = 1
+    inside = MySqlPosition.at("b.000004", 100, 3, "0-1-5")  # epoch 0: the old server
+    src._last_was_commit = False
+    src._arm_resend_skip(inside)
+    assert src._resend_skip == ("0-1-5", 3)
+    assert src._start_at(inside).use_gtid and src._start_at(inside).gtid == "0-1-5"
+    src._last_was_commit = True  # a commit: the new server starts after it, nothing to skip
+    src._arm_resend_skip(inside)
+    assert src._resend_skip is None
+    src._last_was_commit = False
+    src._arm_resend_skip(MySqlPosition.at("b.000004", 100, 3, "0-1-5", epoch=1))  # same server: offsets dedupe
+    assert src._resend_skip is None

@@ -8,7 +8,8 @@ then the binlog from the watermark or the checkpoint's transaction.
 Durable state (what ``fold`` returns):
 ``{"snapshot": {"watermark": pos, "tables": {"db.t": {"last_key": [...],
 "done": bool}}, "done": bool}, "schemas": SchemaHistory JSON,
-"server": {"server_id": int, "uuid": str, "epoch": int}}``.
+"server": {"server_id": int, "uuid": str, "epoch": int}, "inside_tx": true}``
+(``inside_tx``: present when the checkpoint's position is inside a transaction).
 
 ``server`` is the identity of the server the positions belong to and their
 epoch (``identity.py``): a failover to another server with the checkpoint's
@@ -113,6 +114,14 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
         elif kind == "server":
             new["server"] = dict(item.detail)
     _flush_keys(tables, last)
+    if items:
+        # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
+        # a partly delivered transaction, whose delivered items must then be skipped
+        tail = items[-1]
+        if (type(tail) is ChangeEvent and not tail.snapshot) or (type(tail) is Mark and tail.kind in ("schema", "ddl")):
+            new["inside_tx"] = True
+        else:
+            new.pop("inside_tx", None)
     if snap is not None:
         snap["tables"] = tables
         new["snapshot"] = snap
@@ -316,6 +325,8 @@ class MySqlSource(Source):
         if self._last_emitted is not None and self._last_emitted > pos:
             # a reconnect of this process: the runtime holds everything emitted so far, resume after it
             pos = self._last_emitted
+        else:
+            self._last_was_commit = not state.get("inside_tx", False)
         what = "the checkpoint"
         verdict = self._judge(facts, recorded, pos, what)
         if verdict is None:
