@@ -7,6 +7,7 @@ landed, in ``_cdc_pos`` order, against the table on the server.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,7 +77,8 @@ def copy_tree(src: Path, dst: Path) -> None:
     subprocess.run(["cp", "-a", str(src), str(dst)], check=True)  # keeps the owner the server runs as
 
 
-def test_server_restored_from_an_older_copy_of_its_data_directory_stops_the_daemon(setup: Setup) -> None:
+@pytest.mark.parametrize("daemon", ["streaming", "stopped"])
+def test_server_restored_from_an_older_copy_of_its_data_directory_stops_the_daemon(daemon: str, setup: Setup) -> None:
     s = setup
     s.start("landed")
     s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 51)))
@@ -91,11 +93,16 @@ def test_server_restored_from_an_older_copy_of_its_data_directory_stops_the_daem
         s.sql(f"INSERT INTO t SELECT g, g FROM generate_series({lo}, {lo + 99}) g")
     s.wait("the later changes landed", lambda: 2000 in s.landed_ids())
     s.wait("the checkpoint covers them", lambda: (c := s.checkpoint()) and c.event_count >= 2000)
+    if daemon == "stopped":
+        s.procs[-1].send_signal(signal.SIGTERM)
+        assert s.procs[-1].wait(60) == 0, s.tail()
     s.server.halt(immediate=True)
     shutil.rmtree(s.server.data)
     copy_tree(backup, s.server.data)
     s.server.restart()
     s.sql("INSERT INTO t VALUES (5000, 5000)")
+    if daemon == "stopped":
+        s.start("landed")
     assert s.procs[-1].wait(90) == 4, s.tail()
     log = s.log.read_text()
     assert "went back in time" in log and "restored from an older copy" in log, s.tail()
@@ -119,3 +126,27 @@ def test_server_crash_with_a_lagging_slot_is_no_false_alarm(setup: Setup) -> Non
     assert s.procs[-1].poll() is None, s.tail()
     assert s.replay() == s.table()
     assert "went back in time" not in s.log.read_text()
+
+
+def test_promotion_to_a_new_timeline_that_has_everything_captured_is_followed(setup: Setup) -> None:
+    s = setup
+    s.start("landed")
+    s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 51)))
+    s.sql("INSERT INTO t SELECT g, g FROM generate_series(51, 300) g")
+    s.wait("the changes landed", lambda: 300 in s.landed_ids())
+    # the server comes back as a standby of nothing and is promoted: timeline 2, forked after everything
+    # captured, the slot still there (as on a standby that had a copy of it)
+    s.server.halt(immediate=True)
+    signal_file = s.server.data / "standby.signal"
+    signal_file.write_text("")
+    shutil.chown(signal_file, s.server.data.owner())
+    s.server.restart()
+    s.server.psql("SELECT pg_promote()")
+    s.sql("UPDATE t SET v = -v WHERE id % 3 = 0")
+    s.sql("INSERT INTO t VALUES (9000, 9000)")
+    s.wait("the changes on the new timeline landed", lambda: 9000 in s.landed_ids())
+    assert s.procs[-1].poll() is None, s.tail()
+    assert "the server moved to a new timeline" in s.log.read_text()
+    assert s.replay() == s.table()
+    s.wait("the checkpoint records timeline 2",
+           lambda: (c := s.checkpoint()) and c.source_state.get("system", {}).get("timeline") == 2)
