@@ -491,6 +491,8 @@ class PostgresSource(Source):
             "confirmed_flush_lsn": format_lsn(self._flush_lsn),
             "slot": self._slot if self._stream_changes else None,
         }
+        if self._system:
+            out["timeline"] = self._system.get("timeline")
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}
