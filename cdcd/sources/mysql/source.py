@@ -300,7 +300,8 @@ class MySqlSource(Source):
     async def _snapshot(self, plan: _Plan) -> AsyncIterator[Item]:
         self._phase = "snapshot"
         snap = Snapshotter(self.settings, self.flavor, self.config.snapshot.parallelism,
-                           self.config.snapshot.chunk_rows, self.history, tls=self.tls)
+                           self.config.snapshot.chunk_rows, self.history, tls=self.tls,
+                           chunk_bytes=self.config.snapshot.chunk_bytes)
         self._snapshotter = snap
         try:
             wm = await snap.open()
