@@ -94,10 +94,12 @@ def _literal(text: str) -> str:
 class SnapshotReader:
     """Opens the snapshot transactions, then yields snapshot rows and per-table Marks."""
 
-    def __init__(self, params: ConnectParams, parallelism: int, chunk_rows: int, warnings: Warnings) -> None:
+    def __init__(self, params: ConnectParams, parallelism: int, chunk_rows: int, warnings: Warnings,
+                 chunk_bytes: int = BLOCK_BYTES) -> None:
         self._params = params
         self._parallelism = parallelism
         self._chunk_rows = chunk_rows
+        self._chunk_bytes = chunk_bytes
         self._warnings = warnings
         self._conns: list[Any] = []
         self._exporter: Any = None
@@ -163,6 +165,8 @@ class SnapshotReader:
             await out.put(_DONE)
         except asyncio.CancelledError:
             raise
+        except SourceFatal as exc:  # e.g. COPY output that cannot be parsed: a retry would fail the same way
+            await out.put(exc)
         except asyncpg.InsufficientPrivilegeError as exc:
             err: SourceError = SourceFatal(f"snapshot of {self._params.where}: {exc}; grant SELECT on the table "
                                            "to source.user")
@@ -180,25 +184,27 @@ class SnapshotReader:
         worker thread while the rest (and the next chunk) is read. At most ``_PARSING`` runs are parsed
         or waiting at once, so memory stays bounded; blocks are handed on in key order.
         """
-        decoder = CopyDecoder(table.shape, self._warnings)
         names = table.shape.schema.column_names
         key_fields = [names.index(k) for k in table.info.key]
-        parsing: collections.deque[asyncio.Future[pa.Table]] = collections.deque()
+        decoder = CopyDecoder(table.shape, self._warnings, key_fields)
+        parsing: collections.deque[asyncio.Future[tuple[pa.Table, tuple[pa.Array | None, ...]]]] = \
+            collections.deque()
 
         async def hand_on(keep: int) -> None:
             while len(parsing) > keep:
-                data = await parsing.popleft()
+                data, texts = await parsing.popleft()
                 table.rows += data.num_rows
-                await out.put([RowBlock(table.shape.schema, watermark, data)])
+                # key_text: the checkpoint's resume key is the server's text, not rebuilt from landed values
+                await out.put([RowBlock(table.shape.schema, watermark, data, key_text=texts)])
 
         async def parse(run: list[bytes]) -> None:
             rows = sum(piece.count(b"\n") for piece in run)
-            parsing.append(asyncio.ensure_future(asyncio.to_thread(decoder.decode, run, rows)))
+            parsing.append(asyncio.ensure_future(asyncio.to_thread(decoder.decode_keyed, run, rows)))
             await hand_on(_PARSING)
 
         try:
             while True:
-                runs = RowRuns(BLOCK_BYTES)
+                runs = RowRuns(min(BLOCK_BYTES, self._chunk_bytes))
                 last: list[bytes] = []
 
                 async def collect(data: bytes) -> None:
