@@ -202,21 +202,21 @@ def _stored(v: Any, width: int) -> bytes:
 
 def uuid_text(v: Any) -> str:
     """MariaDB UUID: the binlog's 16 bytes → the server's text form (lower-case 8-4-4-4-12)."""
-    if isinstance(v, str):
+    if isinstance(v, str) and v:  # the snapshot's text ('' from the stream is all zero bytes)
         return v
     h = _stored(v, 16).hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def inet4_text(v: Any) -> str:
-    if isinstance(v, str):
+    if isinstance(v, str) and v:
         return v
     return str(ipaddress.IPv4Address(_stored(v, 4)))
 
 
 def inet6_text(v: Any) -> str:
     """MariaDB INET6: 16 bytes → the server's text form (RFC 5952; IPv4-mapped and -compatible dotted)."""
-    if isinstance(v, str):
+    if isinstance(v, str) and v:
         return v
     b = _stored(v, 16)
     if b[:10] == bytes(10) and b[10:12] == b"\xff\xff":
