@@ -8,6 +8,7 @@ driver's Python value is the landed value, else in PostgreSQL's text form
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from cdcd.config import Config
@@ -94,7 +95,9 @@ async def _pg_table(conn: Any, t: TableId) -> SourceTable:
             exprs.append(f"{q}::text[]" if elem else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
         columns.append(SourceColumn(name, base == "float4", base in ("json", "jsonb")))
     sql = f"SELECT {', '.join(exprs)} FROM {_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}"
-    rows = [tuple(r) for r in await conn.fetch(sql)]
+    # NaN and ±Infinity in a numeric(p,s) column land as NULL (docs/postgres.md): compare them as NULL.
+    rows = [tuple(None if isinstance(v, Decimal) and not v.is_finite() else v for v in r)
+            for r in await conn.fetch(sql)]
     return SourceTable(t, columns, key or [c.name for c in columns], rows)
 
 
