@@ -145,3 +145,14 @@ def test_row_runs_hand_out_whole_rows_whatever_the_pieces() -> None:
 def test_key_fields_are_unescaped() -> None:
     assert unescape_field(b"a\\tb\\\\n\\n") == "a\tb\\n\n"
     assert last_row_fields([b"1\tx\n", b"2\t\\\\\\t'\n"], [1]) == ["\\\t'"]
+
+
+def test_a_row_larger_than_the_csv_block_parses_even_split_over_pieces() -> None:
+    cols: list[tuple[str, int, int, list[str | None]]] = [("id", 23, -1, ["1", "2"]),
+                                                         ("v", 25, -1, ["x" * (3 << 20), "y"])]
+    sh = shape(cols)
+    text = copy_text(cols)
+    pieces = [text[i:i + 65536] for i in range(0, len(text), 65536)]  # no piece holds the large row whole
+    got = CopyDecoder(sh, Warnings()).decode(pieces, 2).to_pydict()
+    assert got == {"id": [1, 2], "v": ["x" * (3 << 20), "y"]}
+    assert CopyDecoder(sh, Warnings()).decode([text], 2).to_pydict() == got

@@ -191,9 +191,12 @@ class CopyDecoder:
         # largest piece bounds the largest row.
         block = max(_BLOCK, max((len(c) for c in chunks), default=0) + len(self._header) + 1)
         try:
-            parsed = pacsv.read_csv(pa.py_buffer(data),
-                                    read_options=pacsv.ReadOptions(use_threads=True, block_size=block),
-                                    parse_options=self._parse, convert_options=self._convert)
+            try:
+                parsed = self._read(data, block)
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc) or block > len(data):
+                    raise
+                parsed = self._read(data, len(data) + 1)  # a row split over pieces: the whole run as one block
         except pa.ArrowInvalid as exc:
             # Not a transient fault: the same rows would fail again after a reconnect (no retry loop).
             raise SourceFatal(f"snapshot of {self.shape.table}: COPY output could not be parsed: {exc}; "
@@ -208,6 +211,10 @@ class CopyDecoder:
                          else columns[i] if i in self._key_texts else None)
         arrays = [self._column(i, columns[i], escaped) for i in range(len(self._names))]
         return pa.Table.from_arrays(arrays, schema=self._schema()), tuple(texts)
+
+    def _read(self, data: bytes, block: int) -> pa.Table:
+        return pacsv.read_csv(pa.py_buffer(data), read_options=pacsv.ReadOptions(use_threads=True, block_size=block),
+                              parse_options=self._parse, convert_options=self._convert)
 
     def _schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.type) for c in self.shape.schema.columns])
