@@ -215,15 +215,36 @@ def inet4_text(v: Any) -> str:
 
 
 def inet6_text(v: Any) -> str:
-    """MariaDB INET6: 16 bytes → the server's text form (RFC 5952; IPv4-mapped and -compatible dotted)."""
+    """MariaDB INET6: 16 bytes → the server's text form.
+
+    The server's algorithm (MySQL's INET6_NTOA): the longest run of zero words (the first of equal
+    ones, even a single word) becomes ``::``; an address whose first six words are the run (and the
+    seventh is not zero) prints its last 32 bits dotted (``::1.2.3.4``), as does ``::ffff:`` + IPv4.
+    """
     if isinstance(v, str) and v:
         return v
     b = _stored(v, 16)
-    if b[:10] == bytes(10) and b[10:12] == b"\xff\xff":
-        return "::ffff:" + str(ipaddress.IPv4Address(b[12:]))
-    if b[:12] == bytes(12) and int.from_bytes(b[12:], "big") > 1:
-        return "::" + str(ipaddress.IPv4Address(b[12:]))
-    return ipaddress.IPv6Address(b).compressed
+    words = [int.from_bytes(b[i:i + 2], "big") for i in range(0, 16, 2)]
+    gap_pos, gap_len, run_pos, run_len = -1, 0, -1, 0
+    for i, w in enumerate([*words, 1]):  # a sentinel closes a run at the end
+        if w == 0:
+            run_pos, run_len = (run_pos, run_len + 1) if run_pos >= 0 else (i, 1)
+        elif run_pos >= 0:
+            if run_len > gap_len:
+                gap_pos, gap_len = run_pos, run_len
+            run_pos, run_len = -1, 0
+    out = ""
+    i = 0
+    while i < 8:
+        if i == gap_pos:
+            out += "::" if i == 0 else ":"
+            i += gap_len
+            continue
+        if i == 6 and gap_pos == 0 and (gap_len == 6 or (gap_len == 5 and words[5] == 0xFFFF)):
+            return out + str(ipaddress.IPv4Address(b[12:]))
+        out += f"{words[i]:x}" + (":" if i < 7 else "")
+        i += 1
+    return out
 
 
 def _fixed_binary_len(source_type: str) -> int | None:

@@ -173,3 +173,20 @@ async def test_a_51_mb_longtext_through_the_snapshot_and_the_stream(make_config:
     assert snap[1]["v"] == "ab" * (size // 2) and snap[2]["v"] == "small" and snap[2]["b"] == b"\x00\xff"
     assert snap[3]["v"] == "c" * size and snap[3]["b"] == b"\x01" * 1000
     assert stream[0].after is not None and stream[0].after["v"] == "x" * size + "é"
+
+
+INET6 = ["::", "::1", "::2", "::ffff", "::1:0", "::1.2.3.4", "::ffff:1.2.3.4", "::ffff:0.0.0.1", "1::", "ffff::",
+         "1:0:2:3:4:5:6:7", "1:0:0:2:0:0:3:4", "1:2:3:4:5:6:7:8", "0:0:0:0:0:1:0:0", "2001:db8::ff00:42:8329",
+         "fe80::1:0:0:0", "0:1::", "::0.1.0.0", "::ffff:0:0", "64:ff9b::192.0.2.33"]
+
+
+async def test_inet6_and_uuid_stream_text_equals_the_servers(make_config: Callable[..., Config],
+                                                             sql: Callable[..., Any]) -> None:
+    sql("CREATE TABLE n (id INT PRIMARY KEY, a INET6, u UUID)",
+        "INSERT INTO n VALUES " + ", ".join(f"({i}, '{a}', UUID())" for i, a in enumerate(INET6)))
+    async with Driver(make_config(["n"])) as d:
+        snap = {e.after["id"]: e.after for e in events_of(await d.until_mark("snapshot_done"))}  # type: ignore[index]
+        sql("UPDATE n SET id = id + 100")
+        stream = {e.after["id"] - 100: e.after for e in await d.events(len(INET6))}  # type: ignore[index,operator]
+    for i in range(len(INET6)):
+        assert stream[i]["a"] == snap[i]["a"] and stream[i]["u"] == snap[i]["u"], (INET6[i], snap[i], stream[i])
