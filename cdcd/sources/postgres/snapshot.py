@@ -34,10 +34,12 @@ from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
-from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
 from cdcd.sources.postgres.types import Unrepresentable
 
 _DONE = object()
+#: Landed types whose ±infinity is clamped (and warned about): read as text on the row path.
+_CLAMPED = (pa.date32(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
 
 #: Text bytes per RowBlock: small enough that parsing starts early and overlaps the COPY, big enough to
 #: keep per-block overhead negligible.
@@ -59,7 +61,10 @@ class SnapshotTable:
         for col, t in zip(self.shape.schema.columns, self.shape.types, strict=True):
             q = quote_ident(col.name)
             # Non-native types are read in their text output form, exactly what pgoutput sends.
-            exprs.append(q if t.driver_native else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
+            # Dates and timestamps too: asyncpg gives ±infinity as the type's max/min, indistinguishable from
+            # real values, and an infinite value must be warned about.
+            native = t.driver_native and col.type not in _CLAMPED
+            exprs.append(q if native else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
         return ", ".join(exprs)
 
     def chunk_query(self, limit: int) -> str:
@@ -245,14 +250,17 @@ class SnapshotReader:
 
     def _events(self, table: SnapshotTable, records: list[Any], watermark: PgPosition) -> list[ChangeEvent]:
         schema = table.shape.schema
-        convs = [(c.name, t.from_driver if t.driver_native else t.from_text)
+        convs = [(c.name, t.from_driver if t.driver_native and c.type not in _CLAMPED else t.from_text)
                  for c, t in zip(schema.columns, table.shape.types, strict=True)]
+        clamped = {c.name for c in schema.columns if c.type in _CLAMPED}
         events: list[ChangeEvent] = []
         for rec in records:
             row: dict[str, Any] = {}
             for i, (name, conv) in enumerate(convs):
                 v = rec[i]
                 if v is not None:
+                    if name in clamped and v in ("infinity", "-infinity"):
+                        self._warnings.once(schema.table, name, INFINITE)
                     try:
                         v = conv(v)
                     except (Unrepresentable, ValueError) as exc:

@@ -55,12 +55,16 @@ async def test_snapshot_resumes_after_keys_the_landed_value_cannot_give_back(
 
 async def test_infinite_dates_land_clamped_with_one_warning_per_column(
         make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    # t takes the columnar (COPY) path, the keyless k the row path; the stream is the third path
     sql("CREATE TABLE t (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz);"
-        "INSERT INTO t VALUES (1, 'infinity', 'infinity', 'infinity'), (2, '-infinity', '-infinity', '-infinity')")
+        "INSERT INTO t VALUES (1, 'infinity', 'infinity', 'infinity'), (2, '-infinity', '-infinity', '-infinity');"
+        "CREATE TABLE k (id int, d date, ts timestamp, tz timestamptz); ALTER TABLE k REPLICA IDENTITY FULL;"
+        "INSERT INTO k SELECT * FROM t")
     expected = {1: {"d": date.max, "ts": datetime.max, "tz": datetime.max.replace(tzinfo=UTC)},
                 2: {"d": date.min, "ts": datetime.min, "tz": datetime.min.replace(tzinfo=UTC)}}
-    async with Driver(make_config(["public.t"])) as d:
-        snap = {e.after["id"]: e.after for e in changes(await d.until_mark("snapshot_done"))}  # type: ignore[index]
+    async with Driver(make_config(["public.t", "public.k"])) as d:
+        got = changes(await d.until_mark("snapshot_done"))
+        snap = {(str(e.table), e.after["id"]): e.after for e in got}  # type: ignore[index]
         warned = set(d.source._warnings._seen)  # type: ignore[attr-defined]
         d.source._warnings._seen.clear()  # type: ignore[attr-defined]
         sql("INSERT INTO t SELECT id + 10, d, ts, tz FROM t")
@@ -68,9 +72,11 @@ async def test_infinite_dates_land_clamped_with_one_warning_per_column(
         warned_stream = set(d.source._warnings._seen)  # type: ignore[attr-defined]
     for rid, want in expected.items():
         for name, value in want.items():
-            assert snap[rid][name] == value and stream[rid][name] == value, (rid, name)
-    for w in (warned, warned_stream):
-        assert {c for t, c, r in w if r == INFINITE} == {"d", "ts", "tz"}
+            assert snap[("public.t", rid)][name] == value and stream[rid][name] == value, (rid, name)
+            assert snap[("public.k", rid)][name] == value, (rid, name)
+    for table in ("public.t", "public.k"):
+        assert {c for t, c, r in warned if r == INFINITE and t == table} == {"d", "ts", "tz"}
+    assert {c for t, c, r in warned_stream if r == INFINITE} == {"d", "ts", "tz"}
 
 
 @pytest.mark.slow
