@@ -136,7 +136,7 @@ async def _my_table(cur: Any, t: TableId) -> SourceTable:
     columns = [SourceColumn(c[0], c[1].lower() == "float", c[1].lower() == "json") for c in cols]
     key = [c[0] for c in cols if c[2] == "PRI"]
     # FLOAT as DOUBLE: the text protocol rounds it to 6 digits, the source lands it exactly.
-    names = ", ".join(f"CAST({_qi(c.name, '`')} AS DOUBLE)" if c.float32 else _qi(c.name, "`") for c in columns)
+    names = ", ".join(f"({_qi(c.name, '`')} * 1E0)" if c.float32 else _qi(c.name, "`") for c in columns)
     await cur.execute(f"SELECT {names} FROM {_qi(t.schema, '`')}.{_qi(t.name, '`')}")
     # Zero dates come as text and land as NULL (docs/mysql.md): compare them as NULL.
     temporal = [c[1].lower() in ("date", "datetime", "timestamp") for c in cols]

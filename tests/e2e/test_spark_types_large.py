@@ -41,7 +41,7 @@ def _landed(landing: Path, table: str, column: str) -> set[Any]:
 
 
 def _run_pipeline(tmp_path: Path, source_toml: str, sentinel: Callable[[Path], bool], writes: Callable[[], None],
-                  table: str) -> str:
+                  table: str, key: tuple[str, ...]) -> str:
     landing, target = tmp_path / "landing", tmp_path / "target"
     cfg = tmp_path / "cdcd.toml"
     cfg.write_text(source_toml + f"""
@@ -72,7 +72,8 @@ format = "json"
     verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     mirror = ds.dataset(target / "tables" / table).to_table()
-    assert mirror.num_rows == len(set(mirror.column("id").to_pylist()))
+    keys = list(zip(*(mirror.column(k).to_pylist() for k in key), strict=True))
+    assert len(keys) == len(set(keys)) and max(len(v or "") for v in mirror.column("big").to_pylist()) > BIG
     return text
 
 
@@ -108,7 +109,7 @@ sslmode = "disable"
 server_id = 7911
 [snapshot]
 chunk_rows = 1
-""", lambda landing: 9 in _landed(landing, ".t", "id"), writes, f"{db}.t")
+""", lambda landing: 9 in _landed(landing, ".t", "id"), writes, f"{db}.t", ("id", "e"))
     assert "zero date has no value in Arrow" in text
 
 
@@ -136,5 +137,5 @@ sslmode = "disable"
 [source.postgres]
 slot = "s_{pg_db}"
 publication = "p_{pg_db}"
-""", lambda landing: 9 in _landed(landing, ".t", "id"), writes, "public.t")
+""", lambda landing: 9 in _landed(landing, ".t", "id"), writes, "public.t", ("id",))
     assert "infinite date/timestamp landed" in text

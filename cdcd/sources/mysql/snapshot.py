@@ -323,9 +323,10 @@ class Snapshotter:
 
 def _select_expr(col: Column) -> str:
     q = quote_ident(col.name)
-    # FLOAT through the text protocol is printed with 6 significant digits; as DOUBLE it is exact (every
-    # float value is a double), and the landed float32 equals what the binlog carries.
-    return f"CAST({q} AS DOUBLE)" if is_float4(col.source_type) else q
+    # FLOAT through the text protocol is printed with 6 significant digits; times a DOUBLE 1 it is a DOUBLE,
+    # printed in full, and exact (every float value is a double): the landed float32 equals what the binlog
+    # carries. (CAST(... AS DOUBLE) would do the same, but MySQL before 8.0.17 lacks it.)
+    return f"({q} * 1E0)" if is_float4(col.source_type) else q
 
 
 class _ChunkReader:
