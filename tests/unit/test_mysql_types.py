@@ -86,3 +86,14 @@ def test_checkpoint_keys_round_trip() -> None:
     key = (1, "a", Decimal("18446744073709551615"), b"\x00\xff", datetime(2024, 1, 1, tzinfo=UTC),
            date(2024, 2, 29), timedelta(hours=-3), None)
     assert key_from_json(key_to_json(key)) == key
+
+
+def test_key_order_values_follow_order_by() -> None:
+    from cdcd.sources.mysql.types import key_order_expr, key_order_value
+    assert key_order_expr("`e`", "enum('z','a')") == "(`e` + 0)" and key_order_expr("`i`", "int") == "`i`"
+    assert key_order_value("a", "enum('z','a')") == 2 and key_order_value("z", "enum('z','a')") == 1
+    assert key_order_value("", "enum('z','a')") == 0  # the error value sorts first
+    assert key_order_value("x,z", "set('x','y','z')") == 5 and key_order_value("", "set('x')") == 0
+    assert key_order_value(None, "date") == "0000-00-00"  # a zero date landed as NULL
+    assert key_order_value(None, "datetime(6)") == "0000-00-00 00:00:00"
+    assert key_order_value(7, "int") == 7

@@ -44,6 +44,7 @@ from cdcd.sources.mysql.types import (
     arrow_type,
     is_float4,
     is_known_type,
+    is_temporal_key,
     key_order_expr,
     key_order_value,
     normalize_source_type,
@@ -282,7 +283,9 @@ class Snapshotter:
             # the checkpoint keeps the key in column order; the query wants index order
             by_name = dict(zip(schema.key, after, strict=True))
             after = tuple(by_name[k] for k in pk)
-        reader = _ChunkReader(schema, convs, self.chunk_bytes)
+        # Key columns whose driver value may be a zero date: landed NULL, so the resume key keeps the text.
+        zero_keys = [names.index(k) for k in schema.key if is_temporal_key(schema.column(k).source_type)]
+        reader = _ChunkReader(schema, convs, self.chunk_bytes, [names.index(k) for k in schema.key], zero_keys)
         async with conn.cursor() as cur:
             # Rows are streamed (server-side cursor) and may wait in the queue while the pipeline is paused:
             # the server must not give up writing them meanwhile.
@@ -297,11 +300,11 @@ class Snapshotter:
             last: tuple[Any, ...] | None = None
             async with conn.cursor(aiomysql.SSCursor) as cur:
                 await cur.execute(sql, params)
-                async for data, tail in reader.blocks(cur):
+                async for data, tail, texts in reader.blocks(cur):
                     rows += data.num_rows
                     prog.rows += data.num_rows
                     last = tail
-                    yield [RowBlock(schema, at, data)]
+                    yield [RowBlock(schema, at, data, key_text=texts)]
             if not pk or rows < self.chunk_rows or last is None:
                 break
             after = tuple(last[i] for i in key_idx)
@@ -329,6 +332,9 @@ def _select_expr(col: Column) -> str:
     return f"({q} * 1E0)" if is_float4(col.source_type) else q
 
 
+_Texts = tuple[pa.Array | None, ...] | None  # RowBlock.key_text
+
+
 class _ChunkReader:
     """Cuts a streamed result into Arrow blocks of at most ``chunk_bytes`` (or one row, if larger).
 
@@ -339,9 +345,12 @@ class _ChunkReader:
 
     MAX_GROUP = 8192
 
-    def __init__(self, schema: TableSchema, convs: list[Converter | None], chunk_bytes: int) -> None:
+    def __init__(self, schema: TableSchema, convs: list[Converter | None], chunk_bytes: int,
+                 key_fields: list[int], text_fields: list[int]) -> None:
         self.schema = schema
         self.convs = convs
+        self.key_fields = key_fields
+        self.text_fields = text_fields
         self.chunk_bytes = chunk_bytes
         self.group = 1
         self.row_bytes = 0.0  # observed bytes per row (Arrow), 0 until a group was read
@@ -352,9 +361,17 @@ class _ChunkReader:
         fit = int(self.chunk_bytes // (4 * self.row_bytes))  # a few groups per block
         return max(1, min(self.MAX_GROUP, self.group * 8, fit))
 
-    async def blocks(self, cur: Any) -> AsyncIterator[tuple[pa.Table, tuple[Any, ...]]]:
-        """(block, its last driver row) pairs; the last row gives the keyset resume point."""
+    def _texts(self, raw: list[tuple[Any, ...]]) -> _Texts:
+        """RowBlock.key_text: the driver's text of zero dates in key columns (None elsewhere)."""
+        if not self.text_fields:
+            return None
+        return tuple(pa.array([r[i] if isinstance(r[i], str) else None for r in raw], pa.string())
+                     if i in self.text_fields else None for i in self.key_fields)
+
+    async def blocks(self, cur: Any) -> AsyncIterator[tuple[pa.Table, tuple[Any, ...], _Texts]]:
+        """(block, its last driver row, key_text) triples; the last row gives the keyset resume point."""
         parts: list[pa.Table] = []
+        texts: list[_Texts] = []
         size = 0
         last: tuple[Any, ...] = ()
         while True:
@@ -364,14 +381,23 @@ class _ChunkReader:
                 part = rows_to_table(self.schema, self.convs, raw)
                 self.row_bytes = max(part.nbytes / len(raw), 1.0)
                 parts.append(part)
+                texts.append(self._texts(raw))
                 size += part.nbytes
                 last = raw[-1]
             ended = len(raw) < self.group
             if parts and (ended or size >= self.chunk_bytes):
-                yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last
-                parts, size = [], 0
+                yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last, \
+                    _concat_texts(texts)
+                parts, texts, size = [], [], 0
             if ended:
                 return
+
+
+def _concat_texts(texts: list[_Texts]) -> _Texts:
+    if not texts or texts[0] is None:
+        return None
+    return tuple(None if cols[0] is None else pa.concat_arrays(cols)
+                 for cols in zip(*texts, strict=True))
 
 
 def column_array(values: Any, type_: pa.DataType, conv: Converter | None,

@@ -104,6 +104,9 @@ def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent |
     for name, ev in last.items():
         entry = tables.setdefault(name, {"last_key": None, "done": False})
         key = ev.key if isinstance(ev, ChangeEvent) else ev.last_key
+        texts = ev.last_key_text() if isinstance(ev, RowBlock) else None
+        if key is not None and texts:  # the server's text where the landed value is NULL (zero dates)
+            key = tuple(v if t is None else t for v, t in zip(key, texts, strict=True))
         entry["last_key"] = key_to_json(key) if ev.schema.key and key is not None else None
     last.clear()
 

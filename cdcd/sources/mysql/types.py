@@ -173,6 +173,11 @@ def is_float4(source_type: str) -> bool:
     return split_type(normalize_source_type(source_type))[0] == "float"
 
 
+def is_temporal_key(source_type: str) -> bool:
+    """DATE / DATETIME / TIMESTAMP: a zero date in such a key lands as NULL, the resume key keeps its text."""
+    return split_type(normalize_source_type(source_type))[0] in ("date", "datetime", "timestamp")
+
+
 def key_order_expr(quoted: str, source_type: str) -> str:
     """The expression keyset conditions compare for a key column: what ``ORDER BY`` sorts by.
 
@@ -186,6 +191,9 @@ def key_order_expr(quoted: str, source_type: str) -> str:
 def key_order_value(value: Any, source_type: str) -> Any:
     """A key value as ``key_order_expr`` compares it (ENUM/SET text → its number)."""
     base, args, _ = split_type(normalize_source_type(source_type))
+    if value is None and base in ("date", "datetime", "timestamp"):
+        # a key column is never NULL: a landed NULL in a checkpointed key is a zero date
+        return "0000-00-00" if base == "date" else "0000-00-00 00:00:00"
     if base == "enum" and isinstance(value, str):
         labels = [v.lower() for v in type_values(args)]
         return labels.index(value.lower()) + 1 if value else 0  # '' is the error value, number 0

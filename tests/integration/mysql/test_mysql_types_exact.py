@@ -190,3 +190,11 @@ async def test_inet6_and_uuid_stream_text_equals_the_servers(make_config: Callab
         stream = {e.after["id"] - 100: e.after for e in await d.events(len(INET6))}  # type: ignore[index,operator]
     for i in range(len(INET6)):
         assert stream[i]["a"] == snap[i]["a"] and stream[i]["u"] == snap[i]["u"], (INET6[i], snap[i], stream[i])
+
+
+async def test_zero_date_key_resumes_after_a_restart(make_config: Callable[..., Config],
+                                                     sql: Callable[..., Any]) -> None:
+    sql("SET SESSION sql_mode = ''", "CREATE TABLE zk (d DATE, id INT, PRIMARY KEY (d, id))",
+        "INSERT INTO zk VALUES ('0000-00-00', 1), ('0000-00-00', 2), ('2024-01-01', 1), ('2024-00-00', 3)")
+    keys = await _snapshot_in_restarts(make_config(["zk"], snapshot={"chunk_rows": 1, "parallelism": 1}))
+    assert len(keys) == 4 and [k[1] for k in keys] == [1, 2, 3, 1]  # zero dates (NULL) first, none skipped
