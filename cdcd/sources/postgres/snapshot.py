@@ -91,6 +91,11 @@ async def _copy(conn: Any, query: str) -> list[bytes]:
     return chunks
 
 
+def _record_bytes(record: Any) -> int:
+    """About the memory a row's values take (strings and bytes dominate; others count a few bytes)."""
+    return sum(len(v) if isinstance(v, str | bytes) else 16 for v in record)
+
+
 def _literal(text: str) -> str:
     """A string constant that means the same whatever standard_conforming_strings says."""
     return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
@@ -236,17 +241,31 @@ class SnapshotReader:
                 fut.cancel()
 
     async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
+        """A keyless table through a server-side cursor, in batches of ``chunk_rows`` rows or ``chunk_bytes``.
+
+        Rows are fetched in groups sized from the rows seen so far (starting with one), so huge rows never
+        pile up: memory stays about ``chunk_bytes`` whatever the row size.
+        """
         sql = f"SELECT {table.select_list()} FROM {quote_table(table.info.table)}"
+        cursor = await conn.cursor(sql)
         batch: list[Any] = []
-        async for record in conn.cursor(sql, prefetch=min(self._chunk_rows, 10000)):
-            batch.append(record)
-            if len(batch) >= self._chunk_rows:
+        size, group, row_bytes = 0, 1, 0.0
+        while True:
+            if row_bytes:
+                group = max(1, min(10000, group * 8, int(self._chunk_bytes // (4 * row_bytes))))
+            group = max(1, min(group, self._chunk_rows - len(batch)))  # a batch holds chunk_rows at most
+            records = await cursor.fetch(group)
+            got = sum(_record_bytes(r) for r in records)
+            row_bytes = max(got / len(records), 1.0) if records else row_bytes
+            batch.extend(records)
+            size += got
+            ended = len(records) < group
+            if batch and (ended or len(batch) >= self._chunk_rows or size >= self._chunk_bytes):
                 table.rows += len(batch)
                 await out.put(self._events(table, batch, watermark))
-                batch = []
-        if batch:
-            table.rows += len(batch)
-            await out.put(self._events(table, batch, watermark))
+                batch, size = [], 0
+            if ended:
+                return
 
     def _events(self, table: SnapshotTable, records: list[Any], watermark: PgPosition) -> list[ChangeEvent]:
         schema = table.shape.schema

@@ -94,3 +94,14 @@ async def test_a_51_mb_text_value_through_the_snapshot_and_the_stream(
     assert len(snap) == 2
     assert snap[1]["v"] == "ab\\cd" * (size // 5) and snap[2]["v"] == "small" and snap[2]["b"] == b"\x00\xff"
     assert stream[0].after is not None and stream[0].after["v"] == "x" * size + "é"
+
+
+async def test_keyless_table_of_large_rows_is_read_in_bounded_batches(
+        make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE nk (v int, pad text); ALTER TABLE nk REPLICA IDENTITY FULL;"
+        "INSERT INTO nk SELECT g, repeat('p', 200000) FROM generate_series(1, 30) g")
+    cfg = make_config(["public.nk"], snapshot={"chunk_rows": 7, "chunk_bytes": 1 << 16})
+    async with Driver(cfg) as d:
+        got = [e.after for e in changes(await d.until_mark("snapshot_done"))]
+    assert sorted(r["v"] for r in got if r) == list(range(1, 31))
+    assert all(r and r["pad"] == "p" * 200000 for r in got)
