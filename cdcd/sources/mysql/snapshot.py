@@ -298,13 +298,20 @@ class Snapshotter:
                 sql, params = select, []  # no key to paginate by: one streamed read, cut into blocks by size
             rows = 0
             last: tuple[Any, ...] | None = None
-            async with conn.cursor(aiomysql.SSCursor) as cur:
+            cur = await conn.cursor(aiomysql.SSCursor)
+            try:
                 await cur.execute(sql, params)
                 async for data, tail, texts in reader.blocks(cur):
                     rows += data.num_rows
                     prog.rows += data.num_rows
                     last = tail
                     yield [RowBlock(schema, at, data, key_text=texts)]
+            except BaseException:
+                # Abandoned mid-result (stop, error): closing the cursor would read the rest of the result
+                # (a whole keyless table); the connection is dropped instead, a retry opens new ones.
+                conn.close()
+                raise
+            await cur.close()
             if not pk or rows < self.chunk_rows or last is None:
                 break
             after = tuple(last[i] for i in key_idx)
