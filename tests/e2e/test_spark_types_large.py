@@ -22,7 +22,7 @@ from cdcd.sinks.landing import read_batches
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))
-BIG = int(os.environ.get("CDCD_TEST_BIG_MB", "20")) * 1024 * 1024  # 51 was run by hand (see docs/spark.md)
+BIG = int(os.environ.get("CDCD_TEST_BIG_MB", "20")) * 1024 * 1024  # passes with 51 too (run by hand)
 
 
 def _wait(what: str, predicate: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path,
@@ -73,7 +73,7 @@ format = "json"
     assert verify.returncode == 0, verify.stdout + verify.stderr
     mirror = ds.dataset(target / "tables" / table).to_table()
     keys = list(zip(*(mirror.column(k).to_pylist() for k in key), strict=True))
-    assert len(keys) == len(set(keys)) and max(len(v or "") for v in mirror.column("big").to_pylist()) > BIG
+    assert len(keys) == len(set(keys)) and max(len(v or "") for v in mirror.column("big").to_pylist()) >= BIG
     return text
 
 
