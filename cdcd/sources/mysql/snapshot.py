@@ -14,9 +14,13 @@ lock is held only around those statements, never during the table reads.
 
 Rows are read in primary-key order in chunks of ``snapshot.chunk_rows``
 (``WHERE key > last ORDER BY key LIMIT n``), so a restarted snapshot resumes
-after the last committed key. Each chunk becomes one columnar ``RowBlock``:
-every column is built with one ``pa.array`` call on the driver's values, and
-the per-value converter runs only for a column Arrow refuses as it comes.
+after the last committed key; key columns are compared in the order ``ORDER
+BY`` sorts them (ENUM/SET by number). Each chunk is streamed (server-side
+cursor) and becomes columnar ``RowBlock``s of at most ``snapshot.chunk_bytes``
+(at least one row): every column is built with one ``pa.array`` call on the
+driver's values, and the per-value converter runs only for a column Arrow
+refuses as it comes. Tables without a key are one streamed read, cut the same
+way. FLOAT is read as a DOUBLE (exact; the text protocol rounds it).
 """
 
 from __future__ import annotations
