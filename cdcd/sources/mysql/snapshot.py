@@ -38,6 +38,8 @@ import pyarrow as pa
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Column, Item, Mark, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
+from cdcd.sockets import keepalive_transport
+from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import (
@@ -156,6 +158,7 @@ async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> a
         if tls_exc is not None:
             raise tls_exc from exc
         raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {exc}") from exc
+    keepalive_transport(getattr(getattr(conn, "_writer", None), "transport", None))
     async with conn.cursor() as cur:
         await cur.execute("SET SESSION time_zone = '+00:00'")
         await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -203,8 +206,9 @@ class Snapshotter:
 
     def __init__(self, settings: dict[str, Any], flavor: str, parallelism: int, chunk_rows: int,
                  history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None,
-                 chunk_bytes: int = CHUNK_BYTES) -> None:
+                 read_timeout_s: float = 300.0, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.settings = settings
+        self.read_timeout_s = read_timeout_s  # each query, each chunk included, ends within this
         self.tls = tls
         self.history = history
         self.flavor = flavor
@@ -217,8 +221,12 @@ class Snapshotter:
 
     async def open(self) -> Watermark:
         """Connect and open the consistent snapshot; returns its binlog position."""
-        self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
-        wm, shared = await begin_consistent(self._conns, self.flavor)
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
+                wm, shared = await begin_consistent(self._conns, self.flavor)
+        except Exception as exc:
+            raise query_error(exc, f"opening the snapshot on {self._where}") from exc
         for c in self._conns[shared:]:
             c.close()
         self._conns = self._conns[:shared]
@@ -243,6 +251,8 @@ class Snapshotter:
                         await queue.put(chunk)
                 await _execute(conn, "COMMIT")  # ends the snapshot: releases its metadata locks and undo
                 await queue.put(None)
+            except Exception as exc:  # connection loss, a server restart: transient, the runtime resumes
+                await queue.put(query_error(exc, f"snapshot on {self._where}"))
             except BaseException as exc:
                 await queue.put(exc)
 
@@ -267,10 +277,11 @@ class Snapshotter:
     async def _read_table(self, conn: aiomysql.Connection, task: SnapshotTask,
                           at: MySqlPosition) -> AsyncIterator[list[Item]]:
         table = task.table
-        schema, pk = await load_table_schema(conn, table)
+        async with asyncio.timeout(self.read_timeout_s):
+            schema, pk = await load_table_schema(conn, table)
         schema = self.history.record(at, schema)
         prog = self.progress[str(table)]
-        async with conn.cursor() as cur:
+        async with asyncio.timeout(self.read_timeout_s), conn.cursor() as cur:
             await cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
                               "AND TABLE_NAME = %s", (table.schema, table.name))
             est = await cur.fetchone()
@@ -289,8 +300,9 @@ class Snapshotter:
             after = tuple(by_name[k] for k in pk)
         # Key columns whose driver value may be a zero date: landed NULL, so the resume key keeps the text.
         zero_keys = [names.index(k) for k in schema.key if is_temporal_key(schema.column(k).source_type)]
-        reader = _ChunkReader(schema, convs, self.chunk_bytes, [names.index(k) for k in schema.key], zero_keys)
-        async with conn.cursor() as cur:
+        reader = _ChunkReader(schema, convs, self.chunk_bytes, [names.index(k) for k in schema.key], zero_keys,
+                              self.read_timeout_s)
+        async with asyncio.timeout(self.read_timeout_s), conn.cursor() as cur:
             # Rows are streamed (server-side cursor) and may wait in the queue while the pipeline is paused:
             # the server must not give up writing them meanwhile.
             await cur.execute(f"SET SESSION net_write_timeout = {NET_WRITE_TIMEOUT_S}")
@@ -304,7 +316,10 @@ class Snapshotter:
             last: tuple[Any, ...] | None = None
             cur = await conn.cursor(aiomysql.SSCursor)
             try:
-                await cur.execute(sql, params)
+                # Every read from the server has the limit, not the whole streamed chunk: its blocks may wait
+                # in the queue while the pipeline is paused.
+                async with asyncio.timeout(self.read_timeout_s):
+                    await cur.execute(sql, params)
                 async for data, tail, texts in reader.blocks(cur):
                     rows += data.num_rows
                     prog.rows += data.num_rows
@@ -315,17 +330,22 @@ class Snapshotter:
                 # (a whole keyless table); the connection is dropped instead, a retry opens new ones.
                 conn.close()
                 raise
-            await cur.close()
+            async with asyncio.timeout(self.read_timeout_s):
+                await cur.close()
             if not pk or rows < self.chunk_rows or last is None:
                 break
             after = tuple(last[i] for i in key_idx)
         prog.done = True
         yield [Mark("snapshot_table_done", at, {"table": str(table)})]
 
+    @property
+    def _where(self) -> str:
+        return f"{self.flavor} {self.settings['host']}:{self.settings['port']}"
+
     async def close(self) -> None:
         for c in self._conns:
             with contextlib.suppress(Exception):
-                await c.ensure_closed()
+                await asyncio.wait_for(c.ensure_closed(), 5)
         self._conns = []
 
     def terminate(self) -> None:
@@ -357,8 +377,9 @@ class _ChunkReader:
     MAX_GROUP = 8192
 
     def __init__(self, schema: TableSchema, convs: list[Converter | None], chunk_bytes: int,
-                 key_fields: list[int], text_fields: list[int]) -> None:
+                 key_fields: list[int], text_fields: list[int], read_timeout_s: float = 300.0) -> None:
         self.schema = schema
+        self.read_timeout_s = read_timeout_s
         self.convs = convs
         self.key_fields = key_fields
         self.text_fields = text_fields
@@ -387,7 +408,8 @@ class _ChunkReader:
         last: tuple[Any, ...] = ()
         while True:
             self.group = self._next_group()
-            raw = await cur.fetchmany(self.group)
+            async with asyncio.timeout(self.read_timeout_s):
+                raw = await cur.fetchmany(self.group)
             if raw:
                 part = rows_to_table(self.schema, self.convs, raw)
                 self.row_bytes = max(part.nbytes / len(raw), 1.0)

@@ -21,14 +21,17 @@ from datetime import UTC
 from typing import Any
 
 import aiomysql
+import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, RowBlock, TableId
 from cdcd.positions import MySqlPosition, Position, position_from_json
+from cdcd.retry import source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
-from cdcd.sources.mysql.binlog import BinlogReader, Channel, StartPoint
+from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
 from cdcd.sources.mysql.decode import Decoder
+from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
@@ -41,6 +44,8 @@ from cdcd.sources.mysql.snapshot import (
 )
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import key_from_json, key_to_json
+
+log = structlog.get_logger("cdcd.source.mysql")
 
 QUEUE_ITEMS = 20000  # decoded items buffered ahead of the runtime; the binlog reader waits beyond
 
@@ -152,6 +157,8 @@ class MySqlSource(Source):
         self._last_emitted: MySqlPosition | None = None
         self._lag_ms: float | None = None
         self._closing = False
+        self._reconnects = 0  # binlog reconnects inside stream(), for /status
+        self._last_error: str | None = None
 
     # ------------------------------------------------------------ connect
     @property
@@ -164,8 +171,10 @@ class MySqlSource(Source):
 
     def _binlog_settings(self) -> dict[str, Any]:
         s = self.settings
+        # The read timeout is the stall detector: the server sends a heartbeat every HEARTBEAT_S when idle.
         return {"host": s["host"], "port": s["port"], "user": s["user"], "password": s["password"],
-                "charset": "utf8mb4", "connect_timeout": s["connect_timeout"]}
+                "charset": "utf8mb4", "connect_timeout": s["connect_timeout"], "read_timeout": STALL_S,
+                "write_timeout": STALL_S}
 
     async def _control(self) -> aiomysql.Connection:
         if self._ctl is None or self._ctl.closed:
@@ -180,11 +189,23 @@ class MySqlSource(Source):
                 raise
         return self._ctl
 
-    async def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+    async def _query(self, sql: str, args: Any = None, timeout: float | None = None) -> list[tuple[Any, ...]]:
+        """One query on the control connection, bounded by ``timeout`` (default runtime.source_read_timeout_s).
+        A failure drops the connection (the next query opens a new one) and raises a classified SourceError."""
         conn = await self._control()
-        async with conn.cursor() as cur:
-            await cur.execute(sql, args)
-            return list(await cur.fetchall())
+        try:
+            async with asyncio.timeout(timeout or self.config.runtime.source_read_timeout_s):
+                async with conn.cursor() as cur:
+                    await cur.execute(sql, args)
+                    return list(await cur.fetchall())
+        except Exception as exc:
+            conn.close()
+            self._ctl = None
+            raise query_error(exc, f"query on {self._where}") from exc
+
+    @property
+    def _where(self) -> str:
+        return f"{self.flavor} {self.settings['user']}@{self.settings['host']}:{self.settings['port']}"
 
     async def _variables(self) -> dict[str, str]:
         rows = await self._query(
@@ -198,6 +219,12 @@ class MySqlSource(Source):
 
     async def connect(self, resume: ResumePoint) -> None:
         self._closing = False
+        try:
+            await self._connect(resume)
+        except Exception as exc:
+            raise query_error(exc, f"connecting to {self._where}") from exc
+
+    async def _connect(self, resume: ResumePoint) -> None:
         v = await self._variables()
         self.version = v.get("version", "")
         self.flavor = "mariadb" if "mariadb" in self.version.lower() else "mysql"
@@ -304,6 +331,7 @@ class MySqlSource(Source):
         self._phase = "snapshot"
         snap = Snapshotter(self.settings, self.flavor, self.config.snapshot.parallelism,
                            self.config.snapshot.chunk_rows, self.history, tls=self.tls,
+                           read_timeout_s=self.config.runtime.source_read_timeout_s,
                            chunk_bytes=self.config.snapshot.chunk_bytes)
         self._snapshotter = snap
         try:
@@ -321,7 +349,7 @@ class MySqlSource(Source):
 
     async def _stream_binlog(self, start: StartPoint) -> AsyncIterator[Item]:
         self._phase = "streaming"
-        backoff = 1.0
+        retry = source_backoff(self.config, f"the binlog connection to {self._where}")
         loop = asyncio.get_running_loop()
         dbs = sorted({t.schema for t in self.tables})
         names = sorted({t.name for t in self.tables})
@@ -332,6 +360,7 @@ class MySqlSource(Source):
                                   channel, tls=self.tls)
             self._reader, self._channel = reader, channel
             reader.start()
+            self._connected = True
             try:
                 while True:
                     chunk = await channel.get_many()
@@ -348,12 +377,18 @@ class MySqlSource(Source):
                         if type(item) is ChangeEvent and item.commit_ts is not None:
                             self._lag_ms = max(0.0, (time.time() - item.commit_ts.timestamp()) * 1000)
                         yield item
-                    backoff = 1.0
+                    if retry.attempts:
+                        retry.success()
             except SourceError as exc:
                 if exc.fatal or self._closing:
                     raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.config.runtime.reconnect_max_s)
+                self._connected = False
+                delay = retry.failure(exc)  # SourceFatal once runtime.source_retry_timeout_s is spent
+                self._reconnects += 1
+                self._last_error = str(exc)
+                log.warning("binlog connection lost; reconnecting", error=str(exc), retry_in_s=round(delay, 2),
+                            attempt=retry.attempts, failing_for_s=round(retry.failed_for_s(), 1))
+                await asyncio.sleep(delay)
                 if self._last_emitted is not None:
                     start = self._start_at(self._last_emitted)
             finally:
@@ -368,13 +403,15 @@ class MySqlSource(Source):
         reader.thread_ids.clear()
         if not ids:
             return
+        limit = float(self.settings["connect_timeout"])  # short: a dead control connection must not hold us
         with contextlib.suppress(Exception):
             for tid in ids:
-                with contextlib.suppress(aiomysql.Error):
-                    await self._query(f"KILL CONNECTION {tid}")
+                with contextlib.suppress(SourceError):
+                    await self._query(f"KILL CONNECTION {tid}", timeout=limit)
             listed = ", ".join(map(str, ids))
             for _ in range(50):  # KILL only flags the thread; wait until it is gone
-                rows = await self._query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})")
+                rows = await self._query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})",
+                                         timeout=limit)
                 if not rows[0][0]:
                     break
                 await asyncio.sleep(0.05)
@@ -413,7 +450,8 @@ class MySqlSource(Source):
                 *evaluate(facts)]
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"connected": self._connected, "phase": self._phase, "flavor": self.flavor}
+        out: dict[str, Any] = {"connected": self._connected, "phase": self._phase, "flavor": self.flavor,
+                               "reconnects": self._reconnects, "last_error": self._last_error}
         snap = self._snapshotter
         if snap is not None and snap.progress:
             out["snapshot"] = {t: {"rows": p.rows, "total_estimate": p.total_estimate, "done": p.done}

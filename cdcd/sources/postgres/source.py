@@ -19,6 +19,7 @@ from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, Op, TableId
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
+from cdcd.retry import source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.postgres import catalog, pgoutput
 from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, SlotInfo, TableInfo
@@ -51,6 +52,7 @@ class PostgresSource(Source):
         self._params = ConnectParams(
             host=src.host, port=src.effective_port, user=src.user, database=src.database, password=src.secret(),
             sslmode=src.sslmode, sslrootcert=src.sslrootcert, connect_timeout_s=src.connect_timeout_s,
+            read_timeout_s=config.runtime.source_read_timeout_s,
         )
         self._slot = src.postgres.slot
         self._publication = src.postgres.publication
@@ -76,6 +78,8 @@ class PostgresSource(Source):
         self._lag_ms: float | None = None
         self._closing = False
         self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
+        self._reconnects = 0  # replication reconnects inside stream(), for /status
+        self._last_error: str | None = None
 
     # ------------------------------------------------------------ connect
 
@@ -231,11 +235,12 @@ class PostgresSource(Source):
         self._phase = "streaming"
         if not self._stream_changes:
             return
-        attempt = 0
+        retry = source_backoff(self._config, f"the replication connection to {self._params.where}")
         while True:
             try:
                 async for item in self._replicate():
-                    attempt = 0
+                    if retry.attempts:
+                        retry.success()
                     yield item
                 raise SourceError(f"{self._params.where}: the server ended the replication stream")
             except (SourceError, OSError, asyncio.IncompleteReadError) as exc:
@@ -243,11 +248,13 @@ class PostgresSource(Source):
                     raise
                 if self._closing:
                     raise SourceError(f"{self._params.where}: connection closed while stopping") from exc
-                delay = min(self._config.runtime.reconnect_max_s, 0.5 * 2**attempt)
-                attempt += 1
                 self._connected = False
-                log.warning("replication connection lost; reconnecting", error=str(exc), retry_in_s=delay,
-                            attempt=attempt)
+                delay = retry.failure(exc)  # SourceFatal once runtime.source_retry_timeout_s is spent
+                self._reconnects += 1
+                self._last_error = str(exc) or repr(exc)
+                log.warning("replication connection lost; reconnecting", error=self._last_error,
+                            retry_in_s=round(delay, 2), attempt=retry.attempts,
+                            failing_for_s=round(retry.failed_for_s(), 1))
                 await asyncio.sleep(delay)
 
     async def _replicate(self) -> AsyncIterator[Item]:
@@ -270,7 +277,7 @@ class PostgresSource(Source):
                     f"{exc}: the slot's decoding point is older than publication {self._publication!r} (the slot "
                     "was created before it); drop the slot and start again with an empty state.path") from exc
             raise
-        except asyncpg.PostgresError as exc:
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # the catalog connection, for new types
             raise SourceError(f"{self._params.where}: {exc}") from exc
         except ProtocolError as exc:  # a message we cannot decode would be skipped data: never retry past it
             raise SourceFatal(f"{self._params.where}: {exc}") from exc
@@ -429,6 +436,8 @@ class PostgresSource(Source):
             "lag_ms": self._lag_ms,
             "confirmed_flush_lsn": format_lsn(self._flush_lsn),
             "slot": self._slot if self._stream_changes else None,
+            "reconnects": self._reconnects,
+            "last_error": self._last_error,
         }
         if self._snapshot_tables:
             out["snapshot"] = {
