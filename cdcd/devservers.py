@@ -279,6 +279,7 @@ class MariaDBServer:
             "character-set-server": "utf8mb4",
             "collation-server": "utf8mb4_general_ci",
             "max_connections": "200",
+            "max_allowed_packet": "256M",  # room for the huge-value tests (a 51 MB LONGTEXT row)
         }
         conf.update(self.settings)
         cnf = self.root / "my.cnf"

@@ -30,11 +30,12 @@ from cdcd.sources.mysql.schema import (
     SchemaHistory,
     apply_alter,
     parse_ddl,
+    refine_types,
     same_shape,
     schema_from_table_map,
     schema_to_json,
 )
-from cdcd.sources.mysql.types import Converter, stream_converter
+from cdcd.sources.mysql.types import ZERO_DATE, Converter, ZeroValue, stream_converter, warn_once
 
 #: MariaDB's compressed binlog events (log_bin_compress = ON): pymysqlreplication cannot decode them,
 #: and passing over them would lose the changes they hold.
@@ -134,8 +135,8 @@ class Decoder:
         cached = self._decoded.get(ev.table_id)
         if cached is not None and cached[0] is tmap:
             return cached[1]
-        derived = schema_from_table_map(table, list(tmap.columns))
         current = self.history.at(table, slot)
+        derived = refine_types(schema_from_table_map(table, list(tmap.columns)), current or self.history.latest(table))
         if current is None or not same_shape(current, derived):
             current = self.history.record(slot, derived)
             items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(current),
@@ -149,11 +150,15 @@ class Decoder:
     def _convert(d: _Decoded, row: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
         """Converts in place: the row dicts are fresh from the decoder and used only here."""
         if none_sources:
-            _fix_empty_sets(row, none_sources)
+            _fix_empty_sets(row, none_sources, d.schema.table)
         for name, f in d.convert:
             v = row.get(name)
             if v is not None:
-                row[name] = f(v)
+                try:
+                    row[name] = f(v)
+                except ZeroValue as exc:  # the zero TIMESTAMP: NULL, as the snapshot lands it
+                    warn_once(d.schema.table, name, ZERO_DATE, error=str(exc))
+                    row[name] = None
         return row
 
     # ------------------------------------------------------------------ events
@@ -293,11 +298,19 @@ def _unavailable(none_sources: dict[str, str]) -> tuple[str, ...]:
     return tuple(k for k, v in none_sources.items() if v == NONE_SOURCE.COLS_BITMAP)
 
 
-def _fix_empty_sets(row: dict[str, Any], none_sources: dict[str, str]) -> None:
-    """pymysqlreplication reports an empty SET as None; it is the empty string, not NULL."""
+_ZERO_SOURCES = (NONE_SOURCE.OUT_OF_DATE_RANGE, NONE_SOURCE.OUT_OF_DATETIME_RANGE, NONE_SOURCE.OUT_OF_DATETIME2_RANGE)
+
+
+def _fix_empty_sets(row: dict[str, Any], none_sources: dict[str, str], table: TableId) -> None:
+    """pymysqlreplication reports an empty SET as None; it is the empty string, not NULL.
+
+    Zero dates (and zero months or days) also come as None: they stay NULL, with the snapshot's warning.
+    """
     for k, v in none_sources.items():
         if v == NONE_SOURCE.EMPTY_SET:
             row[k] = ""
+        elif v in _ZERO_SOURCES:
+            warn_once(table, k, ZERO_DATE)
 
 
 _HANDLERS: dict[type, Callable[[Decoder, Any], list[Item]]] = {

@@ -136,6 +136,9 @@ def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent |
     for name, ev in last.items():
         entry = tables.setdefault(name, {"last_key": None, "done": False})
         key = ev.key if isinstance(ev, ChangeEvent) else ev.last_key
+        texts = ev.last_key_text() if isinstance(ev, RowBlock) else None
+        if key is not None and texts:  # the server's text where the landed value is NULL (zero dates)
+            key = tuple(v if t is None else t for v, t in zip(key, texts, strict=True))
         entry["last_key"] = key_to_json(key) if ev.schema.key and key is not None else None
     last.clear()
 
@@ -515,7 +518,8 @@ class MySqlSource(Source):
         self._phase = "snapshot"
         snap = Snapshotter(self.settings, self.flavor, self.config.snapshot.parallelism,
                            self.config.snapshot.chunk_rows, self.history, tls=self.tls,
-                           read_timeout_s=self.config.runtime.source_read_timeout_s)
+                           read_timeout_s=self.config.runtime.source_read_timeout_s,
+                           chunk_bytes=self.config.snapshot.chunk_bytes)
         self._snapshotter = snap
         try:
             wm = await snap.open()

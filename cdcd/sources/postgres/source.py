@@ -263,7 +263,7 @@ class PostgresSource(Source):
                                         bool(entry.get("done", False))))
         self._snapshot_tables = tables
         reader = SnapshotReader(self._params, self._config.snapshot.parallelism, self._config.snapshot.chunk_rows,
-                                self._warnings)
+                                self._warnings, self._config.snapshot.chunk_bytes)
         await reader.open(snapshot_name, sum(1 for t in tables if not t.done))
         self._reader = reader
         if not state and self._start_mark is None:

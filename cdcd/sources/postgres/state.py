@@ -83,7 +83,10 @@ def _flush_rows(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent |
     for name, item in last.items():
         entry = tables.setdefault(name, {"last_key": None, "rows": 0, "done": False})
         key = item.key if isinstance(item, ChangeEvent) else item.last_key
-        entry["last_key"] = [key_text(v) for v in key] if key else None
+        # The server's own text where the landed value cannot give it back (NaN, ±infinity, arrays).
+        texts = item.last_key_text() if isinstance(item, RowBlock) else None
+        entry["last_key"] = [t if texts and t is not None else key_text(v)
+                             for v, t in zip(key, texts or [None] * len(key), strict=True)] if key else None
         entry["rows"] = int(entry.get("rows", 0)) + counts.get(name, 0)
         entry.setdefault("done", False)
     last.clear()
