@@ -173,7 +173,8 @@ class Workload:
             while not self._stop.is_set():
                 i = self.base + self.rounds * 10
                 self.sql(f"INSERT INTO t (id, v) {self.series(i, i + 9)}")
-                self.sql(f"UPDATE t SET v = v + 1 WHERE id % 7 = {self.rounds % 7}")
+                # a bounded update: the backlog an outage builds grows with its length, not with the table
+                self.sql(f"UPDATE t SET v = v + 1 WHERE id BETWEEN {i - 70} AND {i} AND id % 7 = {self.rounds % 7}")
                 self.sql(f"DELETE FROM t WHERE id = {i + 3}")
                 self.rounds += 1
                 time.sleep(0.05)
@@ -233,7 +234,7 @@ def _start_with_rows(s: Disk, series: Callable[[int, int], str]) -> subprocess.P
 def _finish(s: Disk, proc: subprocess.Popen[bytes]) -> None:
     """A last row lands and is checkpointed, SIGTERM exits 0, the replayed landing zone equals the source."""
     s.sql("INSERT INTO t (id, v) VALUES (999999, 1)")
-    s.wait("the last row landed", lambda: 999999 in s.landed_ids())
+    s.wait("the last row landed", lambda: 999999 in s.landed_ids(), timeout=300)
     last = max(b.seq for b in s.batches() if any(r["id"] == 999999 for r in rows(b)))
     s.wait("the checkpoint covers the last row", lambda: (c := s.checkpoint()) is not None and c.batch_seq >= last)
     proc.send_signal(signal.SIGTERM)
