@@ -390,6 +390,10 @@ def _blackhole_while_streaming(s: Setup) -> dict[str, Any]:
     s.wait("the sentinel landed", lambda: 999999 in s.landed.ids(), timeout=120)
     assert proc.poll() is None
     assert s.landed.mirror() == s.source_table()
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    reconnects = [line for line in metrics.splitlines() if line.startswith("cdcd_source_stream_reconnects_total ")]
+    assert reconnects and float(reconnects[0].split()[1]) >= 1, metrics
     return s.status()
 
 
