@@ -101,6 +101,9 @@ class SnapshotConfig(_Section):
     mode: Literal["initial", "never", "initial_only", "when_needed"] = "initial"
     parallelism: int = Field(default=2, ge=1, le=64)
     chunk_rows: int = Field(default=50000, ge=1)
+    #: Bytes per snapshot block as well as rows: a chunk of huge rows is cut into blocks of about this size
+    #: (at least one row), so memory stays bounded whatever the row size.
+    chunk_bytes: int = Field(default=32 << 20, ge=1 << 16)
 
 
 class LandingConfig(_Section):

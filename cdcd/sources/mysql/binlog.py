@@ -235,6 +235,11 @@ class BinlogReader:
                     held = None
                 self.channel.put_many(items)
                 last_sent = time.monotonic()
+            if not self.channel.stopping:
+                # A blocking dump never ends by itself: the server sent EOF (it is shutting down, or RESET MASTER
+                # removed the binlog being read). Never a clean end: reconnect, which checks the server's binlog.
+                raise SourceError(f"the server ended the binlog dump at {self.decoder.file}:"
+                                  f"{self.decoder.tx_start or ''} (a shutdown, or its binlog was reset); reconnecting")
         except Stopped:
             pass
         except BaseException as exc:
