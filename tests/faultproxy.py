@@ -161,3 +161,7 @@ class FaultProxy:
             for w in (pair.client, pair.upstream):
                 w.transport.abort()
         self._pairs.clear()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:  # the pumps of silenced connections wait for ever: end them with the loop
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -119,6 +119,9 @@ def metrics_from_status(
         binlog.add_metric([], {"file": str(source["binlog_file"])})
         out.append(binlog)
     out += _gauge("cdcd_mysql_binlog_position", "Position in the current binlog file", source.get("binlog_pos"))
+    out += _counter("cdcd_source_stream_reconnects",
+                    "Reconnects of the replication/binlog stream inside the source (stalls and connection losses)",
+                    source.get("reconnects"))
 
     error = stats.get("last_error")
     out += _gauge("cdcd_last_error_present", "1 when the runtime has recorded an error", int(bool(error)))

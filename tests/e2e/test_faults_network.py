@@ -165,6 +165,14 @@ class Setup(DaemonHarness):
     def snapshot_running(self) -> bool:
         raise NotImplementedError
 
+    table_name = ""
+
+    def snapshot_key(self) -> int:
+        """The last snapshot key the checkpoint holds as acked."""
+        c = self.checkpoint()
+        assert c is not None
+        return int(c.source_state["snapshot"]["tables"][self.table_name]["last_key"][0])
+
     def spark_and_verify(self) -> None:
         target = self.tmp / "target"
         spark = subprocess.run([CDCD, "spark", "run", "--landing", str(self.landing), "--target", str(target),
@@ -181,6 +189,8 @@ class Setup(DaemonHarness):
 
 
 class PgSetup(Setup):
+    table_name = "public.t"
+
     def __init__(self, tmp: Path, server: PostgresServer, db: str) -> None:
         super().__init__(tmp)
         self.server, self.db = server, db
@@ -210,6 +220,7 @@ class MariaSetup(Setup):
     def __init__(self, tmp: Path, server: MariaDBServer, db: str) -> None:
         super().__init__(tmp)
         self.server, self.db = server, db
+        self.table_name = f"{db}.t"
         self.proxy = FaultProxy(server.port).start()
         self.server_id = next(_server_ids)
         self._conn: pymysql.connections.Connection | None = None
@@ -320,6 +331,8 @@ def _mid_snapshot(s: Setup, fault: Callable[[], None], **extra: dict[str, Any]) 
     s.consumer.on.clear()  # the snapshot waits for acks with its connections open
     landed = s.landed.count()
     assert landed < ROWS, "the snapshot must still be running when the fault comes"
+    acked_key = s.snapshot_key()
+    last_seq = max(s.landed.rows)
     fault()
     s.consumer.on.set()
     s.wait("the snapshot finished after the fault", lambda: not s.snapshot_running() and
@@ -330,6 +343,9 @@ def _mid_snapshot(s: Setup, fault: Callable[[], None], **extra: dict[str, Any]) 
     assert proc.poll() is None, "the daemon must survive the fault"
     assert s.status()["stats"]["source_reconnects"] >= 1
     assert s.landed.mirror() == s.source_table()
+    # resumed after the acked key, not started over: no snapshot row at or below it came again
+    again = {r["id"] for seq, rows in s.landed.rows.items() if seq > last_seq for r in rows if r["_cdc_snapshot"]}
+    assert again and min(again) > acked_key
 
 
 def _reset_and_refuse(s: Setup) -> None:
@@ -374,6 +390,10 @@ def _blackhole_while_streaming(s: Setup) -> dict[str, Any]:
     s.wait("the sentinel landed", lambda: 999999 in s.landed.ids(), timeout=120)
     assert proc.poll() is None
     assert s.landed.mirror() == s.source_table()
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    reconnects = [line for line in metrics.splitlines() if line.startswith("cdcd_source_stream_reconnects_total ")]
+    assert reconnects and float(reconnects[0].split()[1]) >= 1, metrics
     return s.status()
 
 

@@ -619,10 +619,14 @@ class MySqlSource(Source):
         limit = float(self.settings["connect_timeout"])  # short: a dead control connection must not hold us
         with contextlib.suppress(Exception):
             for tid in ids:
+                if self._ctl is None:  # a failed query dropped it: do not open another (see above)
+                    return
                 with contextlib.suppress(SourceError):
                     await self._query(f"KILL CONNECTION {tid}", timeout=limit)
             listed = ", ".join(map(str, ids))
             for _ in range(50):  # KILL only flags the thread; wait until it is gone
+                if self._ctl is None:
+                    return
                 rows = await self._query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})",
                                          timeout=limit)
                 if not rows[0][0]:
