@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdcd.sinks.landing import landed_seqs, mark_consumed
 from cdcd.sinks.layout import MANIFESTS, manifest_name
 from cdcd.sinks.manifest import load_manifest
+from cdcd.spark.jars import local_settings
 from cdcd.spark.merge import LandedFile, TableResult, apply_table
 from cdcd.spark.state import ConsumerState, TableState, TargetStore
 
@@ -47,6 +48,8 @@ def session() -> SparkSession:
     if SparkSession.getActiveSession() is None and not under_spark_submit():
         builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
                    .config("spark.sql.shuffle.partitions", "4"))
+        for k, v in local_settings().items():  # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py)
+            builder = builder.config(k, v)
     spark = builder.getOrCreate()
     # the mirror must read back with pyarrow: no INT96, instants in UTC
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
