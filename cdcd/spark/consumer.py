@@ -154,7 +154,7 @@ def run(
     landing: str,
     target: str,
     once: bool,
-    fmt: str = "parquet",
+    fmt: str = "delta",
     checkpoint: str | None = None,
     buckets: int = DEFAULT_BUCKETS,
 ) -> int:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landing", required=True, help="the daemon's landing.path")
     parser.add_argument("--target", required=True, help="where the change-log and mirror tables go")
     parser.add_argument("--once", action="store_true", help="apply what is landed now and exit")
-    parser.add_argument("--format", default="parquet", choices=FORMATS)
+    parser.add_argument("--format", default="delta", choices=FORMATS)
     parser.add_argument("--checkpoint", default=None, help="Spark checkpoint (default TARGET/checkpoint)")
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="hash buckets of a new mirror table")
     args = parser.parse_args(argv)

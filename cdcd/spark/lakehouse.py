@@ -274,6 +274,7 @@ class Statements:
     namespaces: list[str]
     changelog_ddl: list[str]
     changelog_merge: str
+    changelog_append: str
     mirror_ddl: list[str]
     truncate: str | None
     mirror_merge: str
@@ -289,6 +290,7 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
         [sql.create_namespace(ns) for ns in names.namespaces(schema)],
         ddl(log, log_have, log_want, using, _LOG_PROPERTIES[using], drop=False),
         sql.changelog_merge(log, sources[0], p.key, log_want.fieldNames(), *positions),
+        sql.append(log, sources[0], log_want.fieldNames()),
         ddl(mirror, mirror_have, mirror_schema(p), using, _MIRROR_PROPERTIES[using], drop=True),
         sql.truncate_before(mirror, p.facts.truncate_pos) if p.facts.truncate_pos is not None else None,
         sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep),
@@ -354,18 +356,31 @@ def applied_seq(spark: SparkSession, names: Names, kind: str, schema: str, table
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.monotonic() - began
+
+
 def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table: str, files: list[LandedFile],
-                          prev: TableState, run_id: str) -> tuple[TableState, int]:
+                          prev: TableState, run_id: str,
+                          timings: dict[str, float] | None = None) -> tuple[TableState, int]:
     """Apply one table's landed files to its change-log and mirror; the new table state and the event count.
 
     Each statement's commit records the last batch seq it applied (``recorded``), and a
     statement the table already holds is skipped: a batch applied twice, or again after
-    a crash between two statements, leaves the tables as they are.
+    a crash between two statements, leaves the tables as they are. The change-log takes
+    a plain append when it holds none of the events yet, else an insert-only MERGE.
     """
     seq = files[-1].seq
-    mirror_have = table_schema(spark, names, "tables", schema, table)
-    target = spark.table(names.mirror(schema, table)) if mirror_have is not None else None
-    p = prepare(spark, files, prev.watermark, target)
+    took = timings if timings is not None else {}
+    with _timed(took, "prepare"):
+        mirror_have = table_schema(spark, names, "tables", schema, table)
+        target = spark.table(names.mirror(schema, table)) if mirror_have is not None else None
+        p = prepare(spark, files, prev.watermark, target)
     try:
         last_pos = max(f.entry["last_position"] for f in files)
         state = TableState(max(prev.watermark, last_pos), run_id,
@@ -375,31 +390,34 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         lowest = max(prev.watermark, min(f.entry["first_position"] for f in files))
         tag = uuid.uuid4().hex[:12]
         views = (f"cdcd_log_{tag}", f"cdcd_src_{tag}")
-        log_have = table_schema(spark, names, "changelog", schema, table)
-        plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
-        _run(spark, [*plan.namespaces, *plan.changelog_ddl])
-        if not _holds(spark, names, "changelog", schema, table, "changelog", seq):
-            _register(spark, conformed(p.events, _required(spark, names, schema, table)), views[0])
-            with recorded(spark, names.fmt, "changelog", seq):
-                _run(spark, [plan.changelog_merge])
-        _run(spark, plan.mirror_ddl)
-        if plan.truncate is not None and not _holds(spark, names, "tables", schema, table, "truncate", seq):
-            with recorded(spark, names.fmt, "truncate", seq):
-                _run(spark, [plan.truncate])
-        if not _holds(spark, names, "tables", schema, table, "mirror", seq):
-            _register(spark, p.mirror, views[1])
-            with recorded(spark, names.fmt, "mirror", seq):
-                _run(spark, [plan.mirror_merge])
+        with _timed(took, "ddl"):
+            log_have = table_schema(spark, names, "changelog", schema, table)
+            plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
+            _run(spark, [*plan.namespaces, *plan.changelog_ddl])
+        with _timed(took, "changelog"):
+            held = applied_seq(spark, names, "changelog", schema, table, "changelog")
+            if held < seq:
+                _register(spark, conformed(p.events, _required(spark, names, schema, table)), views[0])
+                # an append unless the table may hold some of these events already: a batch of this
+                # merge (an earlier attempt), or events the daemon landed again after its crash
+                fresh = held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
+                with recorded(spark, names.fmt, "changelog", seq):
+                    _run(spark, [plan.changelog_append if fresh else plan.changelog_merge])
+        with _timed(took, "ddl"):
+            _run(spark, plan.mirror_ddl)
+        with _timed(took, "mirror"):
+            if plan.truncate is not None and applied_seq(spark, names, "tables", schema, table, "truncate") < seq:
+                with recorded(spark, names.fmt, "truncate", seq):
+                    _run(spark, [plan.truncate])
+            if applied_seq(spark, names, "tables", schema, table, "mirror") < seq:
+                _register(spark, p.mirror, views[1])
+                with recorded(spark, names.fmt, "mirror", seq):
+                    _run(spark, [plan.mirror_merge])
         for v in views:
             spark.catalog.dropTempView(v)
         return state, p.facts.events
     finally:
         release(p)
-
-
-def _holds(spark: SparkSession, names: Names, kind: str, schema: str, table: str, step: str, seq: int) -> bool:
-    """Iceberg: whether the table's snapshots record ``step`` at ``seq`` or later (Delta skips by itself)."""
-    return names.fmt == "iceberg" and applied_seq(spark, names, kind, schema, table, step) >= seq
 
 
 def _required(spark: SparkSession, names: Names, schema: str, table: str) -> StructType:
@@ -442,10 +460,12 @@ class LakehouseConsumer(Consumer):
         run_id = segment[0][1]["run_id"]
         new_state = ConsumerState(segment[-1][0], dict(self.state.tables))
         events = 0
+        timings: dict[str, dict[str, float]] = {}
         for (schema, table), files in sorted(table_files(self.landing, segment).items()):
             name = f"{schema}.{table}"
+            timings[name] = {}
             state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
-                                             self.state.tables.get(name, TableState()), run_id)
+                                             self.state.tables.get(name, TableState()), run_id, timings[name])
             new_state.tables[name] = state
             events += n
         # every statement above is idempotent: a crash before this commit applies the batches again
@@ -454,5 +474,8 @@ class LakehouseConsumer(Consumer):
             mark_consumed(self.landing, seq)
         self.applied_events += events
         self.applied_seconds += time.monotonic() - started
-        _log(f"applied batches {segment[0][0]}..{segment[-1][0]}: {events} events ({self.names.fmt})")
+        took = time.monotonic() - started
+        jobs = ", ".join(f"{t} {j} {s:.1f}s" for t, js in timings.items() for j, s in js.items())
+        _log(f"applied batches {segment[0][0]}..{segment[-1][0]}: {events} events in {len(timings)} tables, "
+             f"{took:.1f}s ({self.names.fmt}: {jobs})")
 

@@ -314,6 +314,8 @@ def latest_per_key(
 FROM = "_cdc_from"  # an upsert of a key change: the old key (struct of the key columns), else null
 MOVED = "_cdc_moved_out"  # the delete of a key change's old key
 ORDER = ("_cdc_pos", _RANK, "_cdc_batch", "_cdc_index")
+#: Moves of one row within one merge that an unavailable value is followed through (1 -> 2 -> 3 -> 4).
+MOVE_CHAIN = 3
 
 
 def from_type(key: list[str], types: dict[str, DataType]) -> StructType:
@@ -387,11 +389,14 @@ def resolve_moves(rows: DataFrame, key: list[str], kept: list[str]) -> DataFrame
                             F.col("_cdc_tx").alias("tx")), 1).over(w)
     rows = rows.withColumn("_p1", before).withColumn("_p2", F.lag(_KIND, 2).over(w))
     # a move into a key that another row still held
-    crowded = F.col(FROM).isNotNull() & F.col("_p1").getField("k").isin("U", "E")
-    stale_delete = (F.col(MOVED) & (F.col("_p1").getField("k") == "U") & F.col("_p1").getField("moved_in")
-                    & (F.col("_p1").getField("tx") == F.col("_cdc_tx")) & F.col("_p2").isin("U", "E"))
+    crowded = F.coalesce(F.col(FROM).isNotNull() & F.col("_p1").getField("k").isin("U", "E"), F.lit(False))
+    stale_delete = F.coalesce(
+        F.col(MOVED) & (F.col("_p1").getField("k") == "U") & F.col("_p1").getField("moved_in")
+        & F.col("_p1").getField("tx").eqNullSafe(F.col("_cdc_tx")) & F.col("_p2").isin("U", "E"),
+        F.lit(False),
+    )  # no row before: not stale
     rows = rows.withColumn("_crowded", crowded).filter(~stale_delete)
-    if kept:
+    for _ in range(MOVE_CHAIN if kept else 0):  # each pass follows one more move of a row moved repeatedly
         rows = _carry_moved_values(rows, key, kept)
     return rows.drop("_p1", "_p2", "_crowded")
 
@@ -411,7 +416,7 @@ def _carry_moved_values(rows: DataFrame, key: list[str], kept: list[str]) -> Dat
         F.col("_cdc_unavailable").alias("_hu"), *[F.col(c).alias(f"_hv{i}") for i, c in enumerate(kept)],
     )
     cond = [movers[f"_k{i}"].eqNullSafe(holders[f"_h{i}"]) for i in range(len(key))]
-    cond += [holders["_ho"] < movers["_mo"], ~(holders["_hc"] & (holders["_htx"] == movers["_mtx"]))]
+    cond += [holders["_ho"] < movers["_mo"], ~(holders["_hc"] & holders["_htx"].eqNullSafe(movers["_mtx"]))]
     fills = movers.join(holders, on=cond).groupBy("_id").agg(*[
         F.max_by(F.struct(F.col(f"_hv{i}").alias("v")), F.when(~F.array_contains("_hu", c), F.col("_ho")))
         .alias(f"_fill{i}") for i, c in enumerate(kept)
