@@ -53,8 +53,14 @@ _STATIC = {
     "delta": {"spark.sql.extensions": jars.DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": jars.DELTA_CATALOG},
     "iceberg": {"spark.sql.extensions": jars.ICEBERG_EXTENSION},
 }
-#: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping.
-_MIRROR_PROPERTIES = {"delta": {"delta.columnMapping.mode": "name"}, "iceberg": {"format-version": "2"}}
+#: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping. A small
+#: batch must not rewrite the data files of a large mirror: Delta marks changed rows in deletion vectors,
+#: Iceberg writes position deletes (merge-on-read) instead of copying the files.
+_MIRROR_PROPERTIES = {
+    "delta": {"delta.columnMapping.mode": "name", "delta.enableDeletionVectors": "true"},
+    "iceberg": {"format-version": "2", "write.merge.mode": "merge-on-read", "write.delete.mode": "merge-on-read",
+                "write.update.mode": "merge-on-read"},
+}
 _LOG_PROPERTIES = {"delta": {}, "iceberg": {"format-version": "2"}}
 FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
 

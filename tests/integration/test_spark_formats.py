@@ -66,7 +66,7 @@ async def test_key_change_keeps_the_unchanged_toast_value_of_the_old_key(
     ]
     for seq, batch in enumerate(batches, 1):
         await land(landing, [batch], [seq])
-        if not together:
+        if not together and seq in (2, 4):  # the key change meets the old row in the mirror
             apply(landing, target, fmt)
     if together:
         apply(landing, target, fmt)
