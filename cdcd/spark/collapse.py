@@ -107,7 +107,9 @@ def collapse(
             moved = events.filter(F.col("_cdc_before_key").isNotNull())
             old_keys = [F.col("_cdc_before_key").getField(k).cast(types[k]).alias(k) for k in key]
             keys = moved.select(*old_keys).unionByName(moved.select(*[F.col(k).cast(types[k]).alias(k) for k in key]))
-            held = mirror.join(F.broadcast(keys.distinct()), on=key, how="left_semi")
+            # materialised: the MERGE source must not read the table it merges into (Spark 4.1 cannot plan an
+            # Iceberg table reference inside the source view); these are the few rows of the moved keys
+            held = mirror.join(F.broadcast(keys.distinct()), on=key, how="left_semi").localCheckpoint(eager=True)
             old = existing_rows(held, cols, key, types)
             if found.truncate_pos is not None:
                 old = old.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))

@@ -412,10 +412,13 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         with _timed(took, "ddl"):
             _run(spark, plan.mirror_ddl)
         with _timed(took, "mirror"):
-            if plan.truncate is not None and applied_seq(spark, names, "tables", schema, table, "truncate") < seq:
-                with recorded(spark, names.fmt, "truncate", seq):
-                    _run(spark, [plan.truncate])
+            # the truncate comes first: a mirror that records the merge holds it. It is idempotent (rows
+            # below its position) and Delta records it too; Iceberg may drop whole files without a snapshot
+            # summary of ours (a metadata-only delete)
             if applied_seq(spark, names, "tables", schema, table, "mirror") < seq:
+                if plan.truncate is not None:
+                    with recorded(spark, names.fmt, "truncate", seq):
+                        _run(spark, [plan.truncate])
                 _register(spark, p.mirror, views[1])
                 with recorded(spark, names.fmt, "mirror", seq):
                     _run(spark, [plan.mirror_merge])
