@@ -101,6 +101,9 @@ class SnapshotConfig(_Section):
     mode: Literal["initial", "never", "initial_only", "when_needed"] = "initial"
     parallelism: int = Field(default=2, ge=1, le=64)
     chunk_rows: int = Field(default=50000, ge=1)
+    #: Bytes per snapshot block as well as rows: a chunk of huge rows is cut into blocks of about this size
+    #: (at least one row), so memory stays bounded whatever the row size.
+    chunk_bytes: int = Field(default=32 << 20, ge=1 << 16)
 
 
 class LandingConfig(_Section):
@@ -120,6 +123,11 @@ class RuntimeConfig(_Section):
     max_inflight_batches: int = Field(default=4, ge=1)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     reconnect_max_s: float = Field(default=60.0, gt=0)
+    #: A source outage (every reconnect failing) longer than this is fatal (exit 4); 0 retries for ever.
+    source_retry_timeout_s: float = Field(default=600.0, ge=0)
+    #: The longest one query or snapshot chunk on a source connection may take before the connection is
+    #: taken for dead (a transient error: reconnect).
+    source_read_timeout_s: float = Field(default=300.0, gt=0)
 
 
 class HttpConfig(_Section):

@@ -138,7 +138,10 @@ class RowBlock:
     Arrow types, so the sink only appends the ``_cdc_`` columns. Each row
     counts as one event (batch size, metrics, checkpoint counts), and the
     runtime may split a block between batches (``slice``). Key-ordered
-    sources resume after ``last_key``.
+    sources resume after ``last_key``; where a key value's landed form cannot be
+    turned back into the source's value (PostgreSQL NaN, ±infinity, arrays),
+    ``key_text`` carries the source's own text of each row's key columns (one
+    string array per key column, None for a column whose landed value is exact).
     """
 
     schema: TableSchema
@@ -148,6 +151,7 @@ class RowBlock:
     snapshot: bool = True
     tx_id: str | None = None
     commit_ts: datetime | None = None
+    key_text: tuple[pa.Array | None, ...] | None = None
 
     @property
     def table(self) -> TableId:
@@ -159,8 +163,16 @@ class RowBlock:
 
     def slice(self, offset: int, length: int | None = None) -> RowBlock:
         """Rows ``offset`` to ``offset + length`` (zero-copy)."""
+        texts = None if self.key_text is None else tuple(
+            None if t is None else t.slice(offset, length) for t in self.key_text)
         return RowBlock(self.schema, self.position, self.data.slice(offset, length), self.op, self.snapshot,
-                        self.tx_id, self.commit_ts)
+                        self.tx_id, self.commit_ts, texts)
+
+    def last_key_text(self) -> tuple[str | None, ...] | None:
+        """``key_text`` of the last row (None entries: use the landed value), None without key_text."""
+        if self.key_text is None or not self.rows:
+            return None
+        return tuple(None if t is None else t[self.rows - 1].as_py() for t in self.key_text)
 
     def key_at(self, index: int) -> tuple[Any, ...] | None:
         """The key values of row ``index`` as Python values (None for a table without a key)."""

@@ -42,13 +42,24 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def large_row_settings() -> dict[str, str]:
+    """Local-session settings that let one row hold a value of tens of MB (docs/spark.md, memory).
+
+    The JVM heap is fixed when the local session starts: ``CDCD_SPARK_DRIVER_MEMORY`` (default 2g,
+    Spark's own default of 1g runs out on a 51 MB value). Under spark-submit, pass them as --conf.
+    """
+    return {"spark.driver.memory": os.environ.get("CDCD_SPARK_DRIVER_MEMORY", "2g"),
+            "spark.kryoserializer.buffer.max": "1g"}
+
+
 def session() -> SparkSession:
     """The active session; under spark-submit the one it configured, else a local one."""
     builder = SparkSession.builder.appName("cdcd-spark-consumer")
     if SparkSession.getActiveSession() is None and not under_spark_submit():
         builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
                    .config("spark.sql.shuffle.partitions", "4"))
-        for k, v in local_settings().items():  # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py)
+        # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
+        for k, v in {**local_settings(), **large_row_settings()}.items():
             builder = builder.config(k, v)
     spark = builder.getOrCreate()
     # the mirror must read back with pyarrow: no INT96, instants in UTC

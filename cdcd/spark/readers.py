@@ -8,6 +8,7 @@ driver's Python value is the landed value, else in PostgreSQL's text form
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from cdcd.config import Config
@@ -96,10 +97,14 @@ async def _pg_table(conn: Any, t: TableId) -> SourceTable:
         if base in _PG_NATIVE or numeric_native:
             exprs.append(q)
         else:
-            exprs.append(f"{q}::text[]" if elem else f"{q}::text")
+            # format('%s') is the type's output function, what the source lands; ::text is not the same for
+            # every type (inet's text() adds the netmask of a host address: '::1/128' where '::1' landed).
+            exprs.append(f"{q}::text[]" if elem else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
         columns.append(SourceColumn(name, base == "float4", base in ("json", "jsonb")))
     sql = f"SELECT {', '.join(exprs)} FROM {_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}"
-    rows = [tuple(r) for r in await conn.fetch(sql)]
+    # NaN and ±Infinity in a numeric(p,s) column land as NULL (docs/postgres.md): compare them as NULL.
+    rows = [tuple(None if isinstance(v, Decimal) and not v.is_finite() else v for v in r)
+            for r in await conn.fetch(sql)]
     return SourceTable(t, columns, key or [c.name for c in columns], rows)
 
 
@@ -140,9 +145,13 @@ async def _my_table(cur: Any, t: TableId) -> SourceTable:
         raise SourceError(f"verify: table {t} does not exist in the source")
     columns = [SourceColumn(c[0], c[1].lower() == "float", c[1].lower() == "json") for c in cols]
     key = [c[0] for c in cols if c[2] == "PRI"]
-    names = ", ".join(_qi(c.name, "`") for c in columns)
+    # FLOAT as DOUBLE: the text protocol rounds it to 6 digits, the source lands it exactly.
+    names = ", ".join(f"({_qi(c.name, '`')} * 1E0)" if c.float32 else _qi(c.name, "`") for c in columns)
     await cur.execute(f"SELECT {names} FROM {_qi(t.schema, '`')}.{_qi(t.name, '`')}")
-    rows = [tuple(r) for r in await cur.fetchall()]
+    # Zero dates come as text and land as NULL (docs/mysql.md): compare them as NULL.
+    temporal = [c[1].lower() in ("date", "datetime", "timestamp") for c in cols]
+    rows = [tuple(None if z and isinstance(v, str) else v for v, z in zip(r, temporal, strict=True))
+            for r in await cur.fetchall()]
     return SourceTable(t, columns, key or [c.name for c in columns], rows)
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from cdcd.sources.mysql.compat import decode_time2
 from cdcd.sources.mysql.types import (
+    ZeroValue,
     arrow_type,
+    is_known_type,
     key_from_json,
     key_to_json,
     normalize_source_type,
@@ -35,9 +37,9 @@ def test_arrow_types(column_type: str, want: pa.DataType) -> None:
     assert arrow_type(column_type) == want
 
 
-def test_unsupported_type_is_named() -> None:
-    with pytest.raises(ValueError, match="frobnicate"):
-        arrow_type("frobnicate")
+def test_unknown_type_lands_as_text() -> None:
+    assert arrow_type("frobnicate") == pa.string() and not is_known_type("frobnicate")
+    assert all(is_known_type(t) for t in ("inet6", "inet4", "uuid", "point", "bit(64)", "year", "float"))
 
 
 def test_normalize_and_enum_values() -> None:
@@ -60,7 +62,8 @@ def test_stream_converters() -> None:
 
 
 def test_snapshot_converters() -> None:
-    assert snapshot_converter("datetime")("0000-00-00 00:00:00") is None  # type: ignore[misc]
+    with pytest.raises(ZeroValue):  # zero dates: NULL plus a warning, decided by the caller
+        snapshot_converter("datetime")("0000-00-00 00:00:00")  # type: ignore[misc]
     assert snapshot_converter("date")(date(2024, 1, 1)) == date(2024, 1, 1)  # type: ignore[misc]
     assert snapshot_converter("timestamp")(datetime(2024, 1, 1)).tzinfo is UTC  # type: ignore[misc]
     assert snapshot_converter("bigint unsigned")(5) == Decimal(5)  # type: ignore[misc]
@@ -83,3 +86,14 @@ def test_checkpoint_keys_round_trip() -> None:
     key = (1, "a", Decimal("18446744073709551615"), b"\x00\xff", datetime(2024, 1, 1, tzinfo=UTC),
            date(2024, 2, 29), timedelta(hours=-3), None)
     assert key_from_json(key_to_json(key)) == key
+
+
+def test_key_order_values_follow_order_by() -> None:
+    from cdcd.sources.mysql.types import key_order_expr, key_order_value
+    assert key_order_expr("`e`", "enum('z','a')") == "(`e` + 0)" and key_order_expr("`i`", "int") == "`i`"
+    assert key_order_value("a", "enum('z','a')") == 2 and key_order_value("z", "enum('z','a')") == 1
+    assert key_order_value("", "enum('z','a')") == 0  # the error value sorts first
+    assert key_order_value("x,z", "set('x','y','z')") == 5 and key_order_value("", "set('x')") == 0
+    assert key_order_value(None, "date") == "0000-00-00"  # a zero date landed as NULL
+    assert key_order_value(None, "datetime(6)") == "0000-00-00 00:00:00"
+    assert key_order_value(7, "int") == 7

@@ -94,7 +94,8 @@ def test_every_type_decodes_as_the_stream_converts_it() -> None:
         assert same(got[name], want[name]), name
     assert got["tx"] == ["", "a\tb\nc\\d\re\x0bf\x08g\x0ch", "\\N"]  # the string \N is not NULL
     assert got["n"][1] is None and got["d"][1:] == [date.max, date.min] and got["tm"][0] == time.max
-    assert [entry["column"] for entry in logs if entry["log_level"] == "warning"] == ["n"]  # NaN: once, named
+    # NaN: once, named; ±infinity: clamped, once per column
+    assert [entry["column"] for entry in logs if entry["log_level"] == "warning"] == ["n", "d", "ts", "tz"]
 
 
 def test_values_the_casts_refuse_go_through_the_converter() -> None:
@@ -107,7 +108,8 @@ def test_values_the_casts_refuse_go_through_the_converter() -> None:
         got = CopyDecoder(sh, Warnings()).decode([copy_text(cols)], 3).to_pydict()
     assert got == expected(sh, cols)
     assert got["d"][1] is None and got["ts"][0] is None
-    assert sorted(entry["column"] for entry in logs if entry["log_level"] == "warning") == ["d", "ts"]
+    assert sorted((entry["column"], entry["event"][:8]) for entry in logs if entry["log_level"] == "warning") == \
+        [("d", "value ca"), ("ts", "infinite"), ("ts", "value ca")]
 
 
 def test_a_leading_byte_order_mark_and_empty_single_column_rows_are_kept() -> None:
@@ -143,3 +145,14 @@ def test_row_runs_hand_out_whole_rows_whatever_the_pieces() -> None:
 def test_key_fields_are_unescaped() -> None:
     assert unescape_field(b"a\\tb\\\\n\\n") == "a\tb\\n\n"
     assert last_row_fields([b"1\tx\n", b"2\t\\\\\\t'\n"], [1]) == ["\\\t'"]
+
+
+def test_a_row_larger_than_the_csv_block_parses_even_split_over_pieces() -> None:
+    cols: list[tuple[str, int, int, list[str | None]]] = [("id", 23, -1, ["1", "2"]),
+                                                         ("v", 25, -1, ["x" * (3 << 20), "y"])]
+    sh = shape(cols)
+    text = copy_text(cols)
+    pieces = [text[i:i + 65536] for i in range(0, len(text), 65536)]  # no piece holds the large row whole
+    got = CopyDecoder(sh, Warnings()).decode(pieces, 2).to_pydict()
+    assert got == {"id": [1, 2], "v": ["x" * (3 << 20), "y"]}
+    assert CopyDecoder(sh, Warnings()).decode([text], 2).to_pydict() == got

@@ -128,3 +128,14 @@ def test_block_events_are_its_rows() -> None:
     evs = block(T, data).events()
     assert [e.after for e in evs] == data and all(e.op is Op.READ and e.snapshot and e.position == W for e in evs)
     assert block(T, data).slice(3).last_key == (5,) and block(U, [{"s": "x"}]).last_key is None
+
+
+def test_key_text_follows_slices_and_gives_the_fold_the_servers_text() -> None:
+    schema = TableSchema(TableId("public", "k"), (Column("id", pa.decimal128(6, 2), "numeric(6,2)", False),), ("id",))
+    data = pa.table({"id": pa.array([Decimal("1.00"), None, None], pa.decimal128(6, 2))})  # NaN lands as NULL
+    block = RowBlock(schema, PgPosition(1, 0), data, key_text=(pa.array(["1.00", "NaN", "NaN"]),))
+    part = block.slice(0, 2)
+    assert part.last_key_text() == ("NaN",) and block.slice(0, 1).last_key_text() == ("1.00",)
+    state = fold_state({"snapshot": {"status": "running", "tables": {}}}, [part])
+    assert state["snapshot"]["tables"]["public.k"]["last_key"] == ["NaN"]
+    assert RowBlock(schema, PgPosition(1, 0), data).last_key_text() is None

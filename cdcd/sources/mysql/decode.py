@@ -30,11 +30,12 @@ from cdcd.sources.mysql.schema import (
     SchemaHistory,
     apply_alter,
     parse_ddl,
+    refine_types,
     same_shape,
     schema_from_table_map,
     schema_to_json,
 )
-from cdcd.sources.mysql.types import Converter, stream_converter
+from cdcd.sources.mysql.types import ZERO_DATE, Converter, ZeroValue, stream_converter, warn_once
 
 #: MariaDB's compressed binlog events (log_bin_compress = ON): pymysqlreplication cannot decode them,
 #: and passing over them would lose the changes they hold.
@@ -62,8 +63,10 @@ def event_start(ev: Any) -> int:
 class Decoder:
     """Turns the binlog event sequence of one connection into items."""
 
-    def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str) -> None:
+    def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str,
+                 epoch: int = 0) -> None:
         self.flavor = flavor
+        self.epoch = epoch  # the server epoch of every position (cdcd.positions.MySqlPosition)
         self.tables = tables
         self.history = history
         self.file = file
@@ -83,7 +86,7 @@ class Decoder:
     def _pos(self) -> MySqlPosition:
         self.seq += 1
         assert self.tx_start is not None
-        return MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text)
+        return MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text, self.epoch)
 
     def _begin(self, ev: Any, gtid: tuple[Any, ...] | None, standalone: bool, explicit: bool) -> None:
         self.tx_start = event_start(ev)
@@ -113,7 +116,7 @@ class Decoder:
                 self.gtid.add(g[0], g[1])
             self._gtid_text = str(self.gtid)
         self.seq += 1
-        pos = MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text)
+        pos = MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text, self.epoch)
         mark = Mark("commit", pos, {"events": self.tx_events, "tx": self.tx_id, "next_pos": int(ev.packet.log_pos)})
         self.tx_start = None
         self.tx_gtid = None
@@ -132,8 +135,8 @@ class Decoder:
         cached = self._decoded.get(ev.table_id)
         if cached is not None and cached[0] is tmap:
             return cached[1]
-        derived = schema_from_table_map(table, list(tmap.columns))
         current = self.history.at(table, slot)
+        derived = refine_types(schema_from_table_map(table, list(tmap.columns)), current or self.history.latest(table))
         if current is None or not same_shape(current, derived):
             current = self.history.record(slot, derived)
             items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(current),
@@ -147,11 +150,15 @@ class Decoder:
     def _convert(d: _Decoded, row: dict[str, Any], none_sources: dict[str, str]) -> dict[str, Any]:
         """Converts in place: the row dicts are fresh from the decoder and used only here."""
         if none_sources:
-            _fix_empty_sets(row, none_sources)
+            _fix_empty_sets(row, none_sources, d.schema.table)
         for name, f in d.convert:
             v = row.get(name)
             if v is not None:
-                row[name] = f(v)
+                try:
+                    row[name] = f(v)
+                except ZeroValue as exc:  # the zero TIMESTAMP: NULL, as the snapshot lands it
+                    warn_once(d.schema.table, name, ZERO_DATE, error=str(exc))
+                    row[name] = None
         return row
 
     # ------------------------------------------------------------------ events
@@ -291,11 +298,19 @@ def _unavailable(none_sources: dict[str, str]) -> tuple[str, ...]:
     return tuple(k for k, v in none_sources.items() if v == NONE_SOURCE.COLS_BITMAP)
 
 
-def _fix_empty_sets(row: dict[str, Any], none_sources: dict[str, str]) -> None:
-    """pymysqlreplication reports an empty SET as None; it is the empty string, not NULL."""
+_ZERO_SOURCES = (NONE_SOURCE.OUT_OF_DATE_RANGE, NONE_SOURCE.OUT_OF_DATETIME_RANGE, NONE_SOURCE.OUT_OF_DATETIME2_RANGE)
+
+
+def _fix_empty_sets(row: dict[str, Any], none_sources: dict[str, str], table: TableId) -> None:
+    """pymysqlreplication reports an empty SET as None; it is the empty string, not NULL.
+
+    Zero dates (and zero months or days) also come as None: they stay NULL, with the snapshot's warning.
+    """
     for k, v in none_sources.items():
         if v == NONE_SOURCE.EMPTY_SET:
             row[k] = ""
+        elif v in _ZERO_SOURCES:
+            warn_once(table, k, ZERO_DATE)
 
 
 _HANDLERS: dict[type, Callable[[Decoder, Any], list[Item]]] = {

@@ -87,6 +87,33 @@ def schema_from_table_map(table: TableId, columns: list[Any]) -> TableSchema:
     return TableSchema(table, tuple(cols), tuple(key))
 
 
+#: MariaDB types the binlog's table map shows as fixed binary strings (their stored bytes).
+_STORED_AS_BINARY = {"uuid": "binary(16)", "inet6": "binary(16)", "inet4": "binary(4)"}
+
+
+def refine_types(derived: TableSchema, known: TableSchema | None) -> TableSchema:
+    """The table map's schema with the types the binlog cannot name (UUID, INET6, INET4) taken from ``known``.
+
+    ``known`` is the schema the history holds (from the snapshot's information_schema or from the DDL
+    that added the column): where it names one of those types for a column the table map shows as
+    the matching BINARY(n), the column keeps the richer type, so the stream lands the same text as the
+    snapshot.
+    """
+    if known is None:
+        return derived
+    by_name = {c.name: c for c in known.columns}
+    cols = []
+    changed = False
+    for c in derived.columns:
+        k = by_name.get(c.name)
+        if k is not None and _STORED_AS_BINARY.get(k.source_type.split("(")[0]) == c.source_type:
+            cols.append(Column(c.name, k.type, k.source_type, c.nullable))
+            changed = True
+        else:
+            cols.append(c)
+    return TableSchema(derived.table, tuple(cols), derived.key, derived.version) if changed else derived
+
+
 def same_shape(a: TableSchema, b: TableSchema) -> bool:
     """Equal for landing purposes: names, Arrow types and key (not type spelling or nullability)."""
     return (

@@ -14,16 +14,21 @@ lock is held only around those statements, never during the table reads.
 
 Rows are read in primary-key order in chunks of ``snapshot.chunk_rows``
 (``WHERE key > last ORDER BY key LIMIT n``), so a restarted snapshot resumes
-after the last committed key. Each chunk becomes one columnar ``RowBlock``:
-every column is built with one ``pa.array`` call on the driver's values, and
-the per-value converter runs only for a column Arrow refuses as it comes.
+after the last committed key; key columns are compared in the order ``ORDER
+BY`` sorts them (ENUM/SET by number). Each chunk is streamed (server-side
+cursor) and becomes columnar ``RowBlock``s of at most ``snapshot.chunk_bytes``
+(at least one row): every column is built with one ``pa.array`` call on the
+driver's values, and the per-value converter runs only for a column Arrow
+refuses as it comes. Tables without a key are one streamed read, cut the same
+way. FLOAT is read as a DOUBLE (exact; the text protocol rounds it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +38,32 @@ import pyarrow as pa
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Column, Item, Mark, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
+from cdcd.sockets import keepalive_transport
+from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
 from cdcd.sources.mysql.tls import Tls, TlsError
-from cdcd.sources.mysql.types import Converter, arrow_type, normalize_source_type, snapshot_converter, to_query_param
+from cdcd.sources.mysql.types import (
+    UNKNOWN_TYPE,
+    ZERO_DATE,
+    Converter,
+    ZeroValue,
+    arrow_type,
+    is_float4,
+    is_known_type,
+    is_temporal_key,
+    key_order_expr,
+    key_order_value,
+    normalize_source_type,
+    snapshot_converter,
+    to_query_param,
+    warn_once,
+)
 
 SAME_POSITION_ATTEMPTS = 8
+#: Default bytes per snapshot RowBlock (``snapshot.chunk_bytes``).
+CHUNK_BYTES = 32 << 20
+#: The snapshot streams rows (server-side cursor); rows may wait while the pipeline is paused.
+NET_WRITE_TIMEOUT_S = 3600
 
 
 @dataclass
@@ -111,6 +137,8 @@ async def load_table_schema(conn: aiomysql.Connection, table: TableId) -> tuple[
     columns = []
     for name, ctype, nullable in cols:
         st = normalize_source_type(str(ctype))
+        if not is_known_type(st):
+            warn_once(table, str(name), UNKNOWN_TYPE, source_type=st)
         columns.append(Column(str(name), arrow_type(st), st, nullable == "YES"))
     names = [c.name for c in columns]
     key = tuple(n for n in names if n in pk)  # column order, as the binlog's table map gives it
@@ -130,6 +158,7 @@ async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> a
         if tls_exc is not None:
             raise tls_exc from exc
         raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {exc}") from exc
+    keepalive_transport(getattr(getattr(conn, "_writer", None), "transport", None))
     async with conn.cursor() as cur:
         await cur.execute("SET SESSION time_zone = '+00:00'")
         await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -176,21 +205,28 @@ class Snapshotter:
     """Reads the tasks' rows at one watermark and yields items (rows, table-done and schema marks)."""
 
     def __init__(self, settings: dict[str, Any], flavor: str, parallelism: int, chunk_rows: int,
-                 history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None) -> None:
+                 history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None,
+                 read_timeout_s: float = 300.0, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.settings = settings
+        self.read_timeout_s = read_timeout_s  # each query, each chunk included, ends within this
         self.tls = tls
         self.history = history
         self.flavor = flavor
         self.parallelism = parallelism
         self.chunk_rows = chunk_rows
+        self.chunk_bytes = chunk_bytes
         self.queue_chunks = queue_chunks
         self.progress: dict[str, TableProgress] = {}
         self._conns: list[aiomysql.Connection] = []
 
     async def open(self) -> Watermark:
         """Connect and open the consistent snapshot; returns its binlog position."""
-        self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
-        wm, shared = await begin_consistent(self._conns, self.flavor)
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
+                wm, shared = await begin_consistent(self._conns, self.flavor)
+        except Exception as exc:
+            raise query_error(exc, f"opening the snapshot on {self._where}") from exc
         for c in self._conns[shared:]:
             c.close()
         self._conns = self._conns[:shared]
@@ -215,6 +251,8 @@ class Snapshotter:
                         await queue.put(chunk)
                 await _execute(conn, "COMMIT")  # ends the snapshot: releases its metadata locks and undo
                 await queue.put(None)
+            except Exception as exc:  # connection loss, a server restart: transient, the runtime resumes
+                await queue.put(query_error(exc, f"snapshot on {self._where}"))
             except BaseException as exc:
                 await queue.put(exc)
 
@@ -239,10 +277,11 @@ class Snapshotter:
     async def _read_table(self, conn: aiomysql.Connection, task: SnapshotTask,
                           at: MySqlPosition) -> AsyncIterator[list[Item]]:
         table = task.table
-        schema, pk = await load_table_schema(conn, table)
+        async with asyncio.timeout(self.read_timeout_s):
+            schema, pk = await load_table_schema(conn, table)
         schema = self.history.record(at, schema)
         prog = self.progress[str(table)]
-        async with conn.cursor() as cur:
+        async with asyncio.timeout(self.read_timeout_s), conn.cursor() as cur:
             await cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
                               "AND TABLE_NAME = %s", (table.schema, table.name))
             est = await cur.fetchone()
@@ -250,37 +289,63 @@ class Snapshotter:
         yield [Mark("snapshot_table_start", at, {"table": str(table), "schema": schema_to_json(schema)})]
         names = schema.column_names
         convs = [snapshot_converter(c.source_type) for c in schema.columns]
-        select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM {quote_ident(table.schema)}." \
+        select = f"SELECT {', '.join(_select_expr(c) for c in schema.columns)} FROM {quote_ident(table.schema)}." \
                  f"{quote_ident(table.name)}"
         key_idx = [names.index(k) for k in pk]
+        key_types = [schema.column(k).source_type for k in pk]
         after = task.after_key
         if after is not None and len(after) == len(schema.key):
             # the checkpoint keeps the key in column order; the query wants index order
             by_name = dict(zip(schema.key, after, strict=True))
             after = tuple(by_name[k] for k in pk)
+        # Key columns whose driver value may be a zero date: landed NULL, so the resume key keeps the text.
+        zero_keys = [names.index(k) for k in schema.key if is_temporal_key(schema.column(k).source_type)]
+        reader = _ChunkReader(schema, convs, self.chunk_bytes, [names.index(k) for k in schema.key], zero_keys,
+                              self.read_timeout_s)
+        async with asyncio.timeout(self.read_timeout_s), conn.cursor() as cur:
+            # Rows are streamed (server-side cursor) and may wait in the queue while the pipeline is paused:
+            # the server must not give up writing them meanwhile.
+            await cur.execute(f"SET SESSION net_write_timeout = {NET_WRITE_TIMEOUT_S}")
         while True:
             if pk:
-                where, params = _after_clause(pk, after)
+                where, params = _after_clause(pk, key_types, after)
                 sql = f"{select}{where} ORDER BY {', '.join(quote_ident(k) for k in pk)} LIMIT {self.chunk_rows}"
             else:
-                sql, params = select, []
-            async with conn.cursor() as cur:
-                await cur.execute(sql, params)
-                raw = await cur.fetchall()
-            prog.rows += len(raw)
-            if raw:
-                yield [RowBlock(schema, at, rows_to_table(schema, convs, raw))]
-            if not pk or len(raw) < self.chunk_rows:
+                sql, params = select, []  # no key to paginate by: one streamed read, cut into blocks by size
+            rows = 0
+            last: tuple[Any, ...] | None = None
+            cur = await conn.cursor(aiomysql.SSCursor)
+            try:
+                # Every read from the server has the limit, not the whole streamed chunk: its blocks may wait
+                # in the queue while the pipeline is paused.
+                async with asyncio.timeout(self.read_timeout_s):
+                    await cur.execute(sql, params)
+                async for data, tail, texts in reader.blocks(cur):
+                    rows += data.num_rows
+                    prog.rows += data.num_rows
+                    last = tail
+                    yield [RowBlock(schema, at, data, key_text=texts)]
+            except BaseException:
+                # Abandoned mid-result (stop, error): closing the cursor would read the rest of the result
+                # (a whole keyless table); the connection is dropped instead, a retry opens new ones.
+                conn.close()
+                raise
+            async with asyncio.timeout(self.read_timeout_s):
+                await cur.close()
+            if not pk or rows < self.chunk_rows or last is None:
                 break
-            last = raw[-1]
             after = tuple(last[i] for i in key_idx)
         prog.done = True
         yield [Mark("snapshot_table_done", at, {"table": str(table)})]
 
+    @property
+    def _where(self) -> str:
+        return f"{self.flavor} {self.settings['host']}:{self.settings['port']}"
+
     async def close(self) -> None:
         for c in self._conns:
             with contextlib.suppress(Exception):
-                await c.ensure_closed()
+                await asyncio.wait_for(c.ensure_closed(), 5)
         self._conns = []
 
     def terminate(self) -> None:
@@ -290,7 +355,86 @@ class Snapshotter:
         self._conns = []
 
 
-def column_array(values: Any, type_: pa.DataType, conv: Converter | None) -> pa.Array:
+def _select_expr(col: Column) -> str:
+    q = quote_ident(col.name)
+    # FLOAT through the text protocol is printed with 6 significant digits; times a DOUBLE 1 it is a DOUBLE,
+    # printed in full, and exact (every float value is a double): the landed float32 equals what the binlog
+    # carries. (CAST(... AS DOUBLE) would do the same, but MySQL before 8.0.17 lacks it.)
+    return f"({q} * 1E0)" if is_float4(col.source_type) else q
+
+
+_Texts = tuple[pa.Array | None, ...] | None  # RowBlock.key_text
+
+
+class _ChunkReader:
+    """Cuts a streamed result into Arrow blocks of at most ``chunk_bytes`` (or one row, if larger).
+
+    Rows are fetched in groups whose size follows the observed row size (starting with one row, so a
+    table of huge rows never has many in memory); groups are converted at once and gathered into a
+    block until it reaches ``chunk_bytes`` or the result ends.
+    """
+
+    MAX_GROUP = 8192
+
+    def __init__(self, schema: TableSchema, convs: list[Converter | None], chunk_bytes: int,
+                 key_fields: list[int], text_fields: list[int], read_timeout_s: float = 300.0) -> None:
+        self.schema = schema
+        self.read_timeout_s = read_timeout_s
+        self.convs = convs
+        self.key_fields = key_fields
+        self.text_fields = text_fields
+        self.chunk_bytes = chunk_bytes
+        self.group = 1
+        self.row_bytes = 0.0  # observed bytes per row (Arrow), 0 until a group was read
+
+    def _next_group(self) -> int:
+        if self.row_bytes <= 0:
+            return self.group
+        fit = int(self.chunk_bytes // (4 * self.row_bytes))  # a few groups per block
+        return max(1, min(self.MAX_GROUP, self.group * 8, fit))
+
+    def _texts(self, raw: list[tuple[Any, ...]]) -> _Texts:
+        """RowBlock.key_text: the driver's text of zero dates in key columns (None elsewhere)."""
+        if not self.text_fields:
+            return None
+        return tuple(pa.array([r[i] if isinstance(r[i], str) else None for r in raw], pa.string())
+                     if i in self.text_fields else None for i in self.key_fields)
+
+    async def blocks(self, cur: Any) -> AsyncIterator[tuple[pa.Table, tuple[Any, ...], _Texts]]:
+        """(block, its last driver row, key_text) triples; the last row gives the keyset resume point."""
+        parts: list[pa.Table] = []
+        texts: list[_Texts] = []
+        size = 0
+        last: tuple[Any, ...] = ()
+        while True:
+            self.group = self._next_group()
+            async with asyncio.timeout(self.read_timeout_s):
+                raw = await cur.fetchmany(self.group)
+            if raw:
+                part = rows_to_table(self.schema, self.convs, raw)
+                self.row_bytes = max(part.nbytes / len(raw), 1.0)
+                parts.append(part)
+                texts.append(self._texts(raw))
+                size += part.nbytes
+                last = raw[-1]
+            ended = len(raw) < self.group
+            if parts and (ended or size >= self.chunk_bytes):
+                yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last, \
+                    _concat_texts(texts)
+                parts, texts, size = [], [], 0
+            if ended:
+                return
+
+
+def _concat_texts(texts: list[_Texts]) -> _Texts:
+    if not texts or texts[0] is None:
+        return None
+    return tuple(None if cols[0] is None else pa.concat_arrays(cols)
+                 for cols in zip(*texts, strict=True))
+
+
+def column_array(values: Any, type_: pa.DataType, conv: Converter | None,
+                 on_zero: Callable[[ZeroValue], None] | None = None) -> pa.Array:
     """One column's driver values → its landed Arrow array.
 
     Most driver values are already what Arrow takes for the landed type (str for
@@ -303,8 +447,17 @@ def column_array(values: Any, type_: pa.DataType, conv: Converter | None) -> pa.
         try:
             return pa.array(values, type=type_)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            values = [None if v is None else conv(v) for v in values]
+            values = [None if v is None else _convert(conv, v, on_zero) for v in values]
     return pa.array(values, type=type_)
+
+
+def _convert(conv: Converter, v: Any, on_zero: Callable[[ZeroValue], None] | None) -> Any:
+    try:
+        return conv(v)
+    except ZeroValue as exc:  # a zero date: NULL (the stream lands it the same way), warned once per column
+        if on_zero is not None:
+            on_zero(exc)
+        return None
 
 
 def rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: Any) -> pa.Table:
@@ -313,7 +466,8 @@ def rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: Any) 
     arrays = []
     for col, values, conv in zip(schema.columns, columns, convs, strict=True):
         try:
-            arrays.append(column_array(values, col.type, conv))
+            arrays.append(column_array(values, col.type, conv, functools.partial(_zero_warning, schema.table,
+                                                                                  col.name)))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             # the row path failed the same way in the sink; here the column is known
             raise SourceFatal(f"snapshot of {schema.table}: column {col.name!r} ({col.source_type}): values do not "
@@ -321,14 +475,23 @@ def rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: Any) 
     return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, c.type) for c in schema.columns]))
 
 
-def _after_clause(pk: tuple[str, ...], after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
-    """``WHERE (k1 > a) OR (k1 = a AND k2 > b) ...`` (expanded so every server uses the index)."""
+def _zero_warning(table: TableId, column: str, exc: ZeroValue) -> None:
+    warn_once(table, column, ZERO_DATE, error=str(exc))
+
+
+def _after_clause(pk: tuple[str, ...], key_types: list[str], after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
+    """``WHERE (k1 > a) OR (k1 = a AND k2 > b) ...`` (expanded so every server uses the index).
+
+    Each column is compared in the order ``ORDER BY`` sorts it (ENUM/SET by number, key_order_expr).
+    """
     if after is None:
         return "", []
+    exprs = [key_order_expr(quote_ident(k), t) for k, t in zip(pk, key_types, strict=True)]
+    values = [to_query_param(key_order_value(v, t)) for v, t in zip(after, key_types, strict=True)]
     ors = []
     params: list[Any] = []
     for i in range(len(pk)):
-        parts = [f"{quote_ident(pk[j])} = %s" for j in range(i)] + [f"{quote_ident(pk[i])} > %s"]
-        params.extend(to_query_param(after[j]) for j in range(i + 1))
+        parts = [f"{exprs[j]} = %s" for j in range(i)] + [f"{exprs[i]} > %s"]
+        params.extend(values[j] for j in range(i + 1))
         ors.append("(" + " AND ".join(parts) + ")")
     return " WHERE " + " OR ".join(ors), params

@@ -9,12 +9,18 @@ the binlog's table-map metadata, so one mapping serves snapshot and stream.
 The Arrow types are chosen so that Parquet and Spark hold every value exactly
 (docs/mysql.md lists them): unsigned 64-bit → decimal(20,0), decimal wider
 than 38 digits → string, TIME (may be negative, up to ±838 h) → duration[us],
-SET → string as MySQL prints it, BIT → binary (big-endian bytes), YEAR → int16.
+SET → string as MySQL prints it, BIT → binary (big-endian bytes), YEAR → int16,
+MariaDB's UUID / INET6 / INET4 → string in the server's own text form (the binlog
+carries their 16/4 stored bytes; the stream formats them as the server prints
+them). Zero dates (``0000-00-00``, zero month or day, the zero TIMESTAMP) have no
+value in Arrow: both paths land NULL and warn once per column (``ZeroValue``).
+A type this module does not know lands as text with a warning.
 """
 
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import re
 from collections.abc import Callable
@@ -23,11 +29,14 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
+import structlog
+
+log = structlog.get_logger("cdcd.source.mysql")
 
 Converter = Callable[[Any], Any]
 
 _WIDTH = re.compile(r"^(tinyint|smallint|mediumint|int|integer|bigint)\(\d+\)")
-_ARGS = re.compile(r"^([a-z ]+?)\s*(?:\((.*)\))?\s*(unsigned)?\s*$", re.S)
+_ARGS = re.compile(r"^([a-z][a-z0-9 ]*?)\s*(?:\((.*)\))?\s*(unsigned)?\s*$", re.S)
 
 _INTS: dict[str, tuple[pa.DataType, pa.DataType]] = {
     # name: (signed, unsigned)
@@ -45,7 +54,28 @@ _STRINGS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "js
 _BINARIES = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "bit", "geometry", "point",
              "linestring", "polygon", "multipoint", "multilinestring", "multipolygon", "geometrycollection",
              "geomcollection"}
+_TEMPORAL = {"date", "datetime", "timestamp", "time", "year"}
+_FLOATS = {"float", "double", "double precision", "real"}
 MAX_DECIMAL_PRECISION = 38  # Spark's DecimalType limit; wider decimals land as exact strings
+_EPOCH = datetime(1970, 1, 1)
+
+ZERO_DATE = "zero date has no value in Arrow: landed as NULL"
+UNKNOWN_TYPE = "unknown MySQL/MariaDB type: landed as text"
+
+
+class ZeroValue(ValueError):
+    """A zero date / datetime / TIMESTAMP (or one with a zero month or day): landed as NULL with a warning."""
+
+
+_warned: set[tuple[str, str, str]] = set()
+
+
+def warn_once(table: Any, column: str, reason: str, **kw: Any) -> None:
+    """One warning per (table, column, reason) for the process: a bad value must not flood the log."""
+    key = (str(table), column, reason)
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(reason, table=str(table), column=column, **kw)
 
 
 def normalize_source_type(column_type: str) -> str:
@@ -128,7 +158,101 @@ def arrow_type(source_type: str) -> pa.DataType:
         return pa.duration("us")
     if base == "year":
         return pa.int16()
-    raise ValueError(f"column type {source_type!r} is not supported by cdcd's MySQL source")
+    return pa.string()  # an unknown type: its text (is_known_type tells the caller to warn)
+
+
+def is_known_type(source_type: str) -> bool:
+    """False for a type ``arrow_type`` only lands as text because it does not know it."""
+    base = split_type(normalize_source_type(source_type))[0]
+    return (base in _INTS or base in _STRINGS or base in _BINARIES or base in _TEMPORAL or base in _FLOATS
+            or base in ("decimal", "numeric", "dec", "fixed"))
+
+
+def is_float4(source_type: str) -> bool:
+    """FLOAT (4 bytes): the snapshot reads it as DOUBLE, the text protocol would round it to 6 digits."""
+    return split_type(normalize_source_type(source_type))[0] == "float"
+
+
+def is_temporal_key(source_type: str) -> bool:
+    """DATE / DATETIME / TIMESTAMP: a zero date in such a key lands as NULL, the resume key keeps its text."""
+    return split_type(normalize_source_type(source_type))[0] in ("date", "datetime", "timestamp")
+
+
+def key_order_expr(quoted: str, source_type: str) -> str:
+    """The expression keyset conditions compare for a key column: what ``ORDER BY`` sorts by.
+
+    ENUM and SET sort by their number (definition order, bit mask), but compare as strings
+    with a string constant; comparing ``col + 0`` with the number keeps both in one order.
+    """
+    base = split_type(normalize_source_type(source_type))[0]
+    return f"({quoted} + 0)" if base in ("enum", "set") else quoted
+
+
+def key_order_value(value: Any, source_type: str) -> Any:
+    """A key value as ``key_order_expr`` compares it (ENUM/SET text → its number)."""
+    base, args, _ = split_type(normalize_source_type(source_type))
+    if value is None and base in ("date", "datetime", "timestamp"):
+        # a key column is never NULL: a landed NULL in a checkpointed key is a zero date
+        return "0000-00-00" if base == "date" else "0000-00-00 00:00:00"
+    if base == "enum" and isinstance(value, str):
+        labels = [v.lower() for v in type_values(args)]
+        return labels.index(value.lower()) + 1 if value else 0  # '' is the error value, number 0
+    if base == "set" and isinstance(value, str):
+        labels = [v.lower() for v in type_values(args)]
+        return sum(1 << labels.index(v.lower()) for v in value.split(",") if v)
+    return value
+
+
+def _stored(v: Any, width: int) -> bytes:
+    # the binlog drops a fixed-width binary value's trailing zero bytes
+    return _to_bytes(v).ljust(width, b"\x00")
+
+
+def uuid_text(v: Any) -> str:
+    """MariaDB UUID: the binlog's 16 bytes → the server's text form (lower-case 8-4-4-4-12)."""
+    if isinstance(v, str) and v:  # the snapshot's text ('' from the stream is all zero bytes)
+        return v
+    h = _stored(v, 16).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def inet4_text(v: Any) -> str:
+    if isinstance(v, str) and v:
+        return v
+    return str(ipaddress.IPv4Address(_stored(v, 4)))
+
+
+def inet6_text(v: Any) -> str:
+    """MariaDB INET6: 16 bytes → the server's text form.
+
+    The server's algorithm (MySQL's INET6_NTOA): the longest run of zero words (the first of equal
+    ones, even a single word) becomes ``::``; an address whose first six words are the run (and the
+    seventh is not zero) prints its last 32 bits dotted (``::1.2.3.4``), as does ``::ffff:`` + IPv4.
+    """
+    if isinstance(v, str) and v:
+        return v
+    b = _stored(v, 16)
+    words = [int.from_bytes(b[i:i + 2], "big") for i in range(0, 16, 2)]
+    gap_pos, gap_len, run_pos, run_len = -1, 0, -1, 0
+    for i, w in enumerate([*words, 1]):  # a sentinel closes a run at the end
+        if w == 0:
+            run_pos, run_len = (run_pos, run_len + 1) if run_pos >= 0 else (i, 1)
+        elif run_pos >= 0:
+            if run_len > gap_len:
+                gap_pos, gap_len = run_pos, run_len
+            run_pos, run_len = -1, 0
+    out = ""
+    i = 0
+    while i < 8:
+        if i == gap_pos:
+            out += "::" if i == 0 else ":"
+            i += gap_len
+            continue
+        if i == 6 and gap_pos == 0 and (gap_len == 6 or (gap_len == 5 and words[5] == 0xFFFF)):
+            return out + str(ipaddress.IPv4Address(b[12:]))
+        out += f"{words[i]:x}" + (":" if i < 7 else "")
+        i += 1
+    return out
 
 
 def _fixed_binary_len(source_type: str) -> int | None:
@@ -173,6 +297,12 @@ def stream_converter(source_type: str) -> Converter | None:
     at = arrow_type(st)
     if base == "bigint" and unsigned:
         return Decimal
+    if base == "uuid":
+        return uuid_text
+    if base == "inet6":
+        return inet6_text
+    if base == "inet4":
+        return inet4_text
     if base == "year":
         # pymysqlreplication adds 1900 to the stored byte; YEAR 0000 is stored as 0.
         return lambda v: 0 if v == 1900 else v
@@ -187,7 +317,7 @@ def stream_converter(source_type: str) -> Converter | None:
     if base == "json":
         return lambda v: v if isinstance(v, str) else json.dumps(_jsonify(v), ensure_ascii=False)
     if base == "timestamp":
-        return _utc
+        return _stream_timestamp
     if pa.types.is_binary(at):
         width = _fixed_binary_len(st)
         if width is not None:
@@ -197,6 +327,19 @@ def stream_converter(source_type: str) -> Converter | None:
     if pa.types.is_string(at):
         return _to_str
     return None
+
+
+def _stream_timestamp(v: datetime) -> datetime:
+    # The binlog stores the zero TIMESTAMP as 0 seconds; 1970-01-01 00:00:00 UTC itself is outside
+    # TIMESTAMP's range (it starts one second later), so 0 is always the zero value.
+    if v == _EPOCH:
+        raise ZeroValue("zero TIMESTAMP")
+    return _utc(v)
+
+
+def _zero_date(v: Any) -> Any:
+    # The text protocol hands zero dates (and zero months/days) over as strings.
+    raise ZeroValue(f"zero date {v!r}")
 
 
 def _jsonify(v: Any) -> Any:
@@ -220,9 +363,9 @@ def snapshot_converter(source_type: str) -> Converter | None:
     if pa.types.is_string(at) and base in ("decimal", "numeric", "dec", "fixed"):
         return _to_decimal_text
     if base == "timestamp":
-        return lambda v: _utc(v) if isinstance(v, datetime) else None  # zero dates arrive as text
+        return lambda v: _utc(v) if isinstance(v, datetime) else _zero_date(v)  # zero dates arrive as text
     if base in ("datetime", "date"):
-        return lambda v: v if isinstance(v, date) else None
+        return lambda v: v if isinstance(v, date) else _zero_date(v)
     if pa.types.is_binary(at):
         return _to_bytes
     if pa.types.is_string(at):

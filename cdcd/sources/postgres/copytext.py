@@ -26,11 +26,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from cdcd.errors import SourceError
-from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
 from cdcd.sources.postgres.types import Unrepresentable
 
 UNREPRESENTABLE = "value cannot be represented: landed as NULL"  # the stream's warning, so it is shown once
+#: pyarrow's default CSV block; a larger one is used when a row is larger (a row must fit one block).
+_BLOCK = 1 << 20
 
 _ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 _ESCAPE_RE = re.compile(r"\\(.)", re.DOTALL)
@@ -156,8 +158,12 @@ def _replace(col: pa.Array, mapping: dict[str, str]) -> pa.Array:
 class CopyDecoder:
     """Text-format COPY chunks of one table → ``pa.Table`` of its columns in their landed types."""
 
-    def __init__(self, shape: TableShape, warnings: Warnings) -> None:
+    def __init__(self, shape: TableShape, warnings: Warnings, key_fields: Sequence[int] = ()) -> None:
         self.shape = shape
+        # Key columns whose landed value does not give the source's value back (NaN, ±infinity, arrays):
+        # their text is kept for the snapshot's resume key.
+        self._key_texts = [i for i in key_fields if _kind(shape.schema.columns[i].type) is not _Kind.PARSED]
+        self._key_fields = list(key_fields)
         self._warnings = warnings
         cols = shape.schema.columns
         self._kinds = [_kind(c.type) for c in cols]
@@ -175,18 +181,40 @@ class CopyDecoder:
 
     def decode(self, chunks: Sequence[bytes], rows: int) -> pa.Table:
         """``chunks`` concatenated are ``rows`` whole text-format rows (each ending with a newline)."""
+        return self.decode_keyed(chunks, rows)[0]
+
+    def decode_keyed(self, chunks: Sequence[bytes], rows: int) -> tuple[pa.Table, tuple[pa.Array | None, ...]]:
+        """``decode`` plus the text of each key column (None where the landed value is exact)."""
         data = b"".join([self._header, *chunks])
         escaped = any(b"\\" in c for c in chunks)  # the common case, no backslash at all, skips every scan
+        # A row must fit in one CSV block: pieces are whole COPY messages (rows) or runs of them, so the
+        # largest piece bounds the largest row.
+        block = max(_BLOCK, max((len(c) for c in chunks), default=0) + len(self._header) + 1)
         try:
-            parsed = pacsv.read_csv(pa.py_buffer(data), read_options=pacsv.ReadOptions(use_threads=True),
-                                    parse_options=self._parse, convert_options=self._convert)
+            try:
+                parsed = self._read(data, block)
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc) or block > len(data):
+                    raise
+                parsed = self._read(data, len(data) + 1)  # a row split over pieces: the whole run as one block
         except pa.ArrowInvalid as exc:
-            raise SourceError(f"snapshot of {self.shape.table}: COPY output could not be parsed: {exc}") from exc
+            # Not a transient fault: the same rows would fail again after a reconnect (no retry loop).
+            raise SourceFatal(f"snapshot of {self.shape.table}: COPY output could not be parsed: {exc}; "
+                              "please report this with the table's definition") from exc
         if parsed.num_rows != rows:
-            raise SourceError(f"snapshot of {self.shape.table}: COPY sent {rows} rows but {parsed.num_rows} "
-                              "were parsed")
-        arrays = [self._column(i, parsed.column(i).combine_chunks(), escaped) for i in range(len(self._names))]
-        return pa.Table.from_arrays(arrays, schema=self._schema())
+            raise SourceFatal(f"snapshot of {self.shape.table}: COPY sent {rows} rows but {parsed.num_rows} "
+                              "were parsed; please report this with the table's definition")
+        texts: list[pa.Array | None] = []
+        columns = [parsed.column(i).combine_chunks() for i in range(len(self._names))]
+        for i in self._key_fields:
+            texts.append(_unescape(columns[i]) if escaped and i in self._key_texts
+                         else columns[i] if i in self._key_texts else None)
+        arrays = [self._column(i, columns[i], escaped) for i in range(len(self._names))]
+        return pa.Table.from_arrays(arrays, schema=self._schema()), tuple(texts)
+
+    def _read(self, data: bytes, block: int) -> pa.Table:
+        return pacsv.read_csv(pa.py_buffer(data), read_options=pacsv.ReadOptions(use_threads=True, block_size=block),
+                              parse_options=self._parse, convert_options=self._convert)
 
     def _schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.type) for c in self.shape.schema.columns])
@@ -208,16 +236,25 @@ class CopyDecoder:
             if kind is _Kind.DECIMAL:
                 return pc.cast(self._no_special_numerics(i, col), arrow)
             if kind is _Kind.DATE:
-                return pc.cast(_replace(col, {"infinity": "9999-12-31", "-infinity": "0001-01-01"}), arrow)
+                return pc.cast(self._infinite(i, col, "9999-12-31", "0001-01-01"), arrow)
             if kind is _Kind.TIMESTAMP:
-                return pc.cast(_replace(col, {"infinity": _TS_MAX, "-infinity": _TS_MIN}), arrow)
+                return pc.cast(self._infinite(i, col, _TS_MAX, _TS_MIN), arrow)
             if kind is _Kind.TIMESTAMPTZ:
-                return pc.cast(_replace(col, {"infinity": _TS_MAX + "+00", "-infinity": _TS_MIN + "+00"}), arrow)
+                return pc.cast(self._infinite(i, col, _TS_MAX + "+00", _TS_MIN + "+00"), arrow)
             if kind is _Kind.TIME:
                 return self._time(col)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass  # a value the cast refuses (BC date, year 10000): the converter decides, value by value
         return self._per_value(i, col)
+
+    def _infinite(self, i: int, col: pa.Array, largest: str, smallest: str) -> pa.Array:
+        """±infinity → the type's largest/smallest value (as the stream's converter), warned once per column."""
+        special = pc.is_in(col, pa.array(["infinity", "-infinity"]))
+        if not pc.any(special).as_py():
+            return col
+        column = self.shape.schema.columns[i]
+        self._warnings.once(self.shape.table, column.name, INFINITE, source_type=column.source_type)
+        return _replace(col, {"infinity": largest, "-infinity": smallest})
 
     def _no_special_numerics(self, i: int, col: pa.Array) -> pa.Array:
         """NaN and ±Infinity do not fit a decimal column: NULL plus a warning, as the stream does."""

@@ -87,12 +87,20 @@ def same_columns(a: TableSchema, b: TableSchema) -> bool:
     return a.columns == b.columns and a.key == b.key
 
 
+#: pgoutput's text of infinite dates and timestamps; landed as the type's largest/smallest value.
+_INFINITE = (b"infinity", b"-infinity")
+INFINITE = "infinite date/timestamp landed as the type's largest/smallest value"
+_CLAMPED = {"date", "timestamp", "timestamptz"}
+
+
 class RowDecoder:
     """pgoutput tuples → row dicts of Python values, for one table shape."""
 
     def __init__(self, shape: TableShape, warnings: Warnings) -> None:
         self.shape = shape
         self._cols = [(c.name, t.from_text) for c, t in zip(shape.schema.columns, shape.types, strict=True)]
+        self._clamped = {c.name for c, t in zip(shape.schema.columns, shape.types, strict=True)
+                         if t.source_type.split("(")[-1].rstrip(")") in _CLAMPED}
         self._warnings = warnings
 
     def row(self, values: Sequence[TupleValue]) -> tuple[dict[str, Any], list[str]]:
@@ -106,6 +114,8 @@ class RowDecoder:
                 out[name] = None
                 missing.append(name)
             else:
+                if name in self._clamped and raw in _INFINITE:
+                    self._warnings.once(self.shape.table, name, INFINITE)
                 try:
                     out[name] = conv(raw.decode())  # type: ignore[union-attr]
                 except (Unrepresentable, ValueError) as exc:

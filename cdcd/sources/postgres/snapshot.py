@@ -34,10 +34,12 @@ from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
-from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
 from cdcd.sources.postgres.types import Unrepresentable
 
 _DONE = object()
+#: Landed types whose ±infinity is clamped (and warned about): read as text on the row path.
+_CLAMPED = (pa.date32(), pa.timestamp("us"), pa.timestamp("us", tz="UTC"))
 
 #: Text bytes per RowBlock: small enough that parsing starts early and overlaps the COPY, big enough to
 #: keep per-block overhead negligible.
@@ -59,7 +61,10 @@ class SnapshotTable:
         for col, t in zip(self.shape.schema.columns, self.shape.types, strict=True):
             q = quote_ident(col.name)
             # Non-native types are read in their text output form, exactly what pgoutput sends.
-            exprs.append(q if t.driver_native else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
+            # Dates and timestamps too: asyncpg gives ±infinity as the type's max/min, indistinguishable from
+            # real values, and an infinite value must be warned about.
+            native = t.driver_native and col.type not in _CLAMPED
+            exprs.append(q if native else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
         return ", ".join(exprs)
 
     def chunk_query(self, limit: int) -> str:
@@ -86,6 +91,11 @@ async def _copy(conn: Any, query: str) -> list[bytes]:
     return chunks
 
 
+def _record_bytes(record: Any) -> int:
+    """About the memory a row's values take (strings and bytes dominate; others count a few bytes)."""
+    return sum(len(v) if isinstance(v, str | bytes) else 16 for v in record)
+
+
 def _literal(text: str) -> str:
     """A string constant that means the same whatever standard_conforming_strings says."""
     return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
@@ -94,10 +104,12 @@ def _literal(text: str) -> str:
 class SnapshotReader:
     """Opens the snapshot transactions, then yields snapshot rows and per-table Marks."""
 
-    def __init__(self, params: ConnectParams, parallelism: int, chunk_rows: int, warnings: Warnings) -> None:
+    def __init__(self, params: ConnectParams, parallelism: int, chunk_rows: int, warnings: Warnings,
+                 chunk_bytes: int = BLOCK_BYTES) -> None:
         self._params = params
         self._parallelism = parallelism
         self._chunk_rows = chunk_rows
+        self._chunk_bytes = chunk_bytes
         self._warnings = warnings
         self._conns: list[Any] = []
         self._exporter: Any = None
@@ -163,9 +175,17 @@ class SnapshotReader:
             await out.put(_DONE)
         except asyncio.CancelledError:
             raise
+        except SourceFatal as exc:  # e.g. COPY output that cannot be parsed: a retry would fail the same way
+            await out.put(exc)
         except asyncpg.InsufficientPrivilegeError as exc:
             err: SourceError = SourceFatal(f"snapshot of {self._params.where}: {exc}; grant SELECT on the table "
                                            "to source.user")
+            err.__cause__ = exc
+            await out.put(err)
+        except TimeoutError as exc:  # asyncpg's command_timeout: a silent or stuck connection
+            err = SourceError(f"snapshot of {self._params.where}: a chunk query got no answer within "
+                              f"{self._params.read_timeout_s:g}s (runtime.source_read_timeout_s); the connection "
+                              "is taken for dead, reconnecting")
             err.__cause__ = exc
             await out.put(err)
         except Exception as exc:  # handed to the consumer, which raises it in stream()
@@ -180,25 +200,27 @@ class SnapshotReader:
         worker thread while the rest (and the next chunk) is read. At most ``_PARSING`` runs are parsed
         or waiting at once, so memory stays bounded; blocks are handed on in key order.
         """
-        decoder = CopyDecoder(table.shape, self._warnings)
         names = table.shape.schema.column_names
         key_fields = [names.index(k) for k in table.info.key]
-        parsing: collections.deque[asyncio.Future[pa.Table]] = collections.deque()
+        decoder = CopyDecoder(table.shape, self._warnings, key_fields)
+        parsing: collections.deque[asyncio.Future[tuple[pa.Table, tuple[pa.Array | None, ...]]]] = \
+            collections.deque()
 
         async def hand_on(keep: int) -> None:
             while len(parsing) > keep:
-                data = await parsing.popleft()
+                data, texts = await parsing.popleft()
                 table.rows += data.num_rows
-                await out.put([RowBlock(table.shape.schema, watermark, data)])
+                # key_text: the checkpoint's resume key is the server's text, not rebuilt from landed values
+                await out.put([RowBlock(table.shape.schema, watermark, data, key_text=texts)])
 
         async def parse(run: list[bytes]) -> None:
             rows = sum(piece.count(b"\n") for piece in run)
-            parsing.append(asyncio.ensure_future(asyncio.to_thread(decoder.decode, run, rows)))
+            parsing.append(asyncio.ensure_future(asyncio.to_thread(decoder.decode_keyed, run, rows)))
             await hand_on(_PARSING)
 
         try:
             while True:
-                runs = RowRuns(BLOCK_BYTES)
+                runs = RowRuns(min(BLOCK_BYTES, self._chunk_bytes))
                 last: list[bytes] = []
 
                 async def collect(data: bytes) -> None:
@@ -225,28 +247,45 @@ class SnapshotReader:
                 fut.cancel()
 
     async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
+        """A keyless table through a server-side cursor, in batches of ``chunk_rows`` rows or ``chunk_bytes``.
+
+        Rows are fetched in groups sized from the rows seen so far (starting with one), so huge rows never
+        pile up: memory stays about ``chunk_bytes`` whatever the row size.
+        """
         sql = f"SELECT {table.select_list()} FROM {quote_table(table.info.table)}"
+        cursor = await conn.cursor(sql)
         batch: list[Any] = []
-        async for record in conn.cursor(sql, prefetch=min(self._chunk_rows, 10000)):
-            batch.append(record)
-            if len(batch) >= self._chunk_rows:
+        size, group, row_bytes = 0, 1, 0.0
+        while True:
+            if row_bytes:
+                group = max(1, min(10000, group * 8, int(self._chunk_bytes // (4 * row_bytes))))
+            group = max(1, min(group, self._chunk_rows - len(batch)))  # a batch holds chunk_rows at most
+            records = await cursor.fetch(group)
+            got = sum(_record_bytes(r) for r in records)
+            row_bytes = max(got / len(records), 1.0) if records else row_bytes
+            batch.extend(records)
+            size += got
+            ended = len(records) < group
+            if batch and (ended or len(batch) >= self._chunk_rows or size >= self._chunk_bytes):
                 table.rows += len(batch)
                 await out.put(self._events(table, batch, watermark))
-                batch = []
-        if batch:
-            table.rows += len(batch)
-            await out.put(self._events(table, batch, watermark))
+                batch, size = [], 0
+            if ended:
+                return
 
     def _events(self, table: SnapshotTable, records: list[Any], watermark: PgPosition) -> list[ChangeEvent]:
         schema = table.shape.schema
-        convs = [(c.name, t.from_driver if t.driver_native else t.from_text)
+        convs = [(c.name, t.from_driver if t.driver_native and c.type not in _CLAMPED else t.from_text)
                  for c, t in zip(schema.columns, table.shape.types, strict=True)]
+        clamped = {c.name for c in schema.columns if c.type in _CLAMPED}
         events: list[ChangeEvent] = []
         for rec in records:
             row: dict[str, Any] = {}
             for i, (name, conv) in enumerate(convs):
                 v = rec[i]
                 if v is not None:
+                    if name in clamped and v in ("infinity", "-infinity"):
+                        self._warnings.once(schema.table, name, INFINITE)
                     try:
                         v = conv(v)
                     except (Unrepresentable, ValueError) as exc:
