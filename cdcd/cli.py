@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--landing", required=True, metavar="PATH", help="the daemon's landing.path")
     p.add_argument("--target", required=True, metavar="PATH", help="where the tables and mirrors are written")
     p.add_argument("--once", action="store_true", help="process what is available, then exit")
-    p.add_argument("--format", default="parquet", metavar="FORMAT",
+    p.add_argument("--format", default="delta", metavar="FORMAT",
                    help="table format of the target: parquet, delta or iceberg (docs/spark.md)")
     p.add_argument("--checkpoint", metavar="PATH", help="Spark's checkpoint location (default: under TARGET)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -26,6 +26,7 @@ step "check system packages"
 have_pg || missing+=(postgresql postgresql-client)
 have_maria || missing+=(mariadb-server mariadb-client)
 have_java || missing+=(default-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
 
 if [ ${#missing[@]} -gt 0 ]; then
     step "install ${missing[*]}"
@@ -63,3 +64,17 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
         || { tail -n 30 "$log" >&2; fail "pip could not install the project (full log: $log)"; }
     echo "$want" > "$STAMP"
 fi
+
+step "Spark jars (Delta Lake, Iceberg, SQLite JDBC) into .jars/"
+# Resolved once from Maven Central into a project-local cache; the Spark job passes them as
+# spark.jars, so tests and the demo run offline afterwards. Versions: cdcd/spark/jars.py.
+JARS="$ROOT/.jars"
+mkdir -p "$JARS"
+for coordinate in $("$VENV/bin/python" -m cdcd.spark.jars); do
+    IFS=: read -r _ artifact version <<<"$coordinate"
+    [ -f "$JARS/$artifact-$version.jar" ] && continue
+    step "fetch $coordinate"
+    mvn -q -B dependency:copy -Dartifact="$coordinate" -DoutputDirectory="$JARS" -Dmaven.repo.local="$JARS/.m2" \
+        >"$JARS/mvn.log" 2>&1 || { tail -n 20 "$JARS/mvn.log" >&2;
+        fail "Maven could not fetch $coordinate from Maven Central (full log: $JARS/mvn.log)"; }
+done

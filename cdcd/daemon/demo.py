@@ -229,11 +229,13 @@ def run_demo(work: Path, workload_s: float, spark: bool) -> int:
             if code != 0 or p.proc.returncode != 0:
                 return 1
         if spark:
-            say("cdcd spark run --once for both landing zones (Spark merges the landed batches)")
+            say("cdcd spark run --once --format delta for both landing zones (Spark merges the landed batches "
+                "into Delta Lake tables)")
             for p in pipelines:
                 log = open(p.dir / "spark.log", "wb")  # noqa: SIM115 - closed right after the start
                 jobs.append(subprocess.Popen([CDCD, "spark", "run", "--landing", str(p.dir / "landing"), "--target",
-                                              str(p.dir / "target"), "--once"], stdout=log, stderr=subprocess.STDOUT))
+                                              str(p.dir / "target"), "--once", "--format", "delta"],
+                                             stdout=log, stderr=subprocess.STDOUT))
                 log.close()
             for p, job in zip(pipelines, jobs, strict=True):
                 p.spark_code = job.wait(600)
@@ -265,7 +267,9 @@ def summary(pipelines: list[Pipeline], work: Path) -> None:
     print(f"\nwhere to look ({work}):")
     for p in pipelines:
         print(f"  {p.name}: config {p.config}, daemon log {p.dir / 'cdcd.log'}, landing zone {p.dir / 'landing'}, "
-              f"mirrors {p.dir / 'target' / 'tables'}")
+              f"Delta Lake mirrors {p.dir / 'target' / 'tables'}")
+    print('  read a mirror: spark.read.format("delta").load("<mirrors>/<schema>.<table>") in a session with the '
+          "Delta jars (docs/spark.md)")
     print("  cdcd checkpoint list -c <config> shows the checkpoints; docs/operations.md explains the rest\n")
 
 

@@ -4,11 +4,12 @@ The same rule as ``cdcd.spark.merge`` (DESIGN.md section 6): per key the
 event with the highest (``_cdc_pos``, ``_cdc_batch``, ``_cdc_index``) wins;
 deletes and the old key of a key change remove the row; a truncate drops
 the events before it; a column an event left unavailable takes the latest
-earlier value of that key in the micro-batch. It differs from the bucket
-rewrite of ``merge.py`` in one way: the mirror's existing rows do not take
-part here. The MERGE compares positions with them instead, and an
-unavailable column with no earlier value in the micro-batch stays listed in
-``_cdc_unavailable`` so that the MERGE keeps the mirror's value.
+earlier value of that key in the micro-batch; key changes follow
+``merge.resolve_moves``. It differs from the bucket rewrite of ``merge.py``
+in one way: the mirror's existing rows take part only for the keys that a
+key change touches. The MERGE compares positions with the others instead,
+and an unavailable column with no earlier value in the micro-batch stays
+listed in ``_cdc_unavailable`` so that the MERGE keeps the mirror's value.
 """
 
 from __future__ import annotations
@@ -20,10 +21,18 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
-from cdcd.spark.merge import MIRROR_META, LandedFile, latest_per_key, read_events
+from cdcd.spark.merge import (
+    MIRROR_META,
+    ORDER,
+    LandedFile,
+    action_rows,
+    existing_rows,
+    latest_per_key,
+    read_events,
+    resolve_moves,
+)
 
-_KIND = "_cdc_kind"  # U upsert, D delete
-_ORDER = ("_cdc_pos", "_cdc_batch", "_cdc_index")
+_KIND = "_cdc_kind"  # U upsert, D delete, E a mirror row
 
 
 @dataclass(slots=True)
@@ -33,6 +42,7 @@ class Facts:
     events: int = 0
     truncate_pos: str | None = None
     unavailable: set[str] = field(default_factory=set)
+    key_changes: int = 0
 
 
 @dataclass(slots=True)
@@ -66,47 +76,47 @@ def new_events(spark: SparkSession, files: list[LandedFile], watermark: str) -> 
 
 
 def facts(events: DataFrame) -> Facts:
+    moves = F.count_if(F.col("_cdc_before_key").isNotNull()) if "_cdc_before_key" in events.columns else F.lit(0)
     row = events.agg(
         F.count(F.lit(1)),
         F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))),
         F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))),
+        moves,
     ).first()
     assert row is not None
-    return Facts(int(row[0]), row[1], set(row[2] or ()))
-
-
-def _actions(events: DataFrame, cols: list[str], key: list[str], types: dict[str, DataType]) -> DataFrame:
-    """Upserts, deletes, and a delete of the old key for each key change, in one shape."""
-
-    def shaped(df: DataFrame, kind: str, key_from: dict[str, Column] | None = None) -> DataFrame:
-        picks = [(key_from[c] if key_from and c in key_from else F.col(c)).cast(types[c]).alias(c) for c in cols]
-        return df.select(
-            *picks,
-            *[F.col(m) for m in MIRROR_META],
-            F.col("_cdc_index"),
-            F.col("_cdc_unavailable"),
-            F.lit(kind).alias(_KIND),
-        )
-
-    rows = events.filter(F.col("_cdc_op") != "t")
-    out = shaped(rows.filter(F.col("_cdc_op").isin("c", "u", "r")), "U").unionByName(
-        shaped(rows.filter(F.col("_cdc_op") == "d"), "D")
-    )
-    if "_cdc_before_key" in events.columns:
-        moved = {k: F.col("_cdc_before_key").getField(k) for k in key}
-        out = out.unionByName(shaped(rows.filter(F.col("_cdc_before_key").isNotNull()), "D", moved))
-    return out
+    return Facts(int(row[0]), row[1], set(row[2] or ()), int(row[3]))
 
 
 def collapse(
-    events: DataFrame, cols: list[str], key: list[str], types: dict[str, DataType], found: Facts
+    events: DataFrame, cols: list[str], key: list[str], types: dict[str, DataType], found: Facts,
+    mirror: DataFrame | None = None,
 ) -> tuple[DataFrame, list[str]]:
-    """The MERGE source (one row per key) and the columns whose value it may leave unknown."""
-    actions = _actions(events, cols, key, types)
+    """The MERGE source (one row per key) and the columns whose value it may leave unknown.
+
+    ``mirror`` (the target table) is read only when the events change a key: the
+    key-change rule (``merge.resolve_moves``) needs the mirror's rows of the keys
+    involved; then, as in the Parquet rewrite, they take part in the ordering and
+    a key whose latest row is the mirror's own gets no action.
+    """
+    actions = action_rows(events, cols, key, types, found.key_changes > 0)
     if found.truncate_pos is not None:  # the truncate removes what came before it
         actions = actions.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
-    aggs, keep, value = latest_per_key(cols, key, found.unavailable, F.struct(*_ORDER))
-    grouped = actions.groupBy(*key).agg(*aggs)
+    kept_cols = sorted(found.unavailable & set(cols))
+    if found.key_changes:
+        if mirror is not None:
+            moved = events.filter(F.col("_cdc_before_key").isNotNull())
+            old_keys = [F.col("_cdc_before_key").getField(k).cast(types[k]).alias(k) for k in key]
+            keys = moved.select(*old_keys).unionByName(moved.select(*[F.col(k).cast(types[k]).alias(k) for k in key]))
+            # materialised: the MERGE source must not read the table it merges into (Spark 4.1 cannot plan an
+            # Iceberg table reference inside the source view); these are the few rows of the moved keys
+            held = mirror.join(F.broadcast(keys.distinct()), on=key, how="left_semi").localCheckpoint(eager=True)
+            old = existing_rows(held, cols, key, types)
+            if found.truncate_pos is not None:
+                old = old.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+            actions = actions.unionByName(old)
+        actions = resolve_moves(actions, key, kept_cols)
+    aggs, keep, value = latest_per_key(cols, key, found.unavailable, F.struct(*ORDER))
+    grouped = actions.groupBy(*key).agg(*aggs).filter(F.col("_f").getField(_KIND) != "E")
     deleted = F.col("_f").getField(_KIND) == "D"
     unknown = [F.when(F.col(f"_v{i}").isNull(), F.lit(c)) for i, c in enumerate(keep)]
     still_unknown = F.filter(F.array(*unknown), lambda x: x.isNotNull()) if unknown else F.array()
@@ -120,14 +130,14 @@ def collapse(
     return out, keep
 
 
-def prepare(spark: SparkSession, files: list[LandedFile], watermark: str) -> Prepared:
+def prepare(spark: SparkSession, files: list[LandedFile], watermark: str, mirror: DataFrame | None = None) -> Prepared:
     """Read one table's landed files and build the MERGE source; the events are cached until ``release``."""
     cols, key = table_layout(files)
     events = new_events(spark, files, watermark).persist()
     types = {f.name: f.dataType for f in events.schema.fields}
     found = facts(events)
-    mirror, keep = collapse(events, cols, key, types, found)
-    return Prepared(cols, key, types, events, found, keep, mirror)
+    collapsed, keep = collapse(events, cols, key, types, found, mirror)
+    return Prepared(cols, key, types, events, found, keep, collapsed)
 
 
 def release(prepared: Prepared) -> None:

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdcd.sinks.landing import landed_seqs, mark_consumed
 from cdcd.sinks.layout import MANIFESTS, manifest_name
 from cdcd.sinks.manifest import load_manifest
+from cdcd.spark.jars import local_settings
 from cdcd.spark.merge import LandedFile, TableResult, apply_table
 from cdcd.spark.state import ConsumerState, TableState, TargetStore
 
@@ -57,7 +58,8 @@ def session() -> SparkSession:
     if SparkSession.getActiveSession() is None and not under_spark_submit():
         builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
                    .config("spark.sql.shuffle.partitions", "4"))
-        for k, v in large_row_settings().items():
+        # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
+        for k, v in {**local_settings(), **large_row_settings()}.items():
             builder = builder.config(k, v)
     spark = builder.getOrCreate()
     # the mirror must read back with pyarrow: no INT96, instants in UTC
@@ -163,7 +165,7 @@ def run(
     landing: str,
     target: str,
     once: bool,
-    fmt: str = "parquet",
+    fmt: str = "delta",
     checkpoint: str | None = None,
     buckets: int = DEFAULT_BUCKETS,
 ) -> int:
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landing", required=True, help="the daemon's landing.path")
     parser.add_argument("--target", required=True, help="where the change-log and mirror tables go")
     parser.add_argument("--once", action="store_true", help="apply what is landed now and exit")
-    parser.add_argument("--format", default="parquet", choices=FORMATS)
+    parser.add_argument("--format", default="delta", choices=FORMATS)
     parser.add_argument("--checkpoint", default=None, help="Spark checkpoint (default TARGET/checkpoint)")
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="hash buckets of a new mirror table")
     args = parser.parse_args(argv)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from pyspark.sql.types import (
 )
 
 from cdcd.sinks.landing import mark_consumed
+from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
 from cdcd.spark.consumer import Consumer
@@ -40,23 +43,24 @@ from cdcd.spark.merge import LandedFile
 from cdcd.spark.state import ConsumerState, TableState
 
 ICEBERG_CATALOG = "cdcd"
-_DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
-_DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-_ICEBERG_EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+_FETCH = "run scripts/bootstrap.sh (it fetches the jars into .jars/) or set CDCD_SPARK_JARS to a directory holding them"
 _MARKER_CLASS = {
-    "delta": ("io.delta.sql.DeltaSparkSessionExtension", "--packages io.delta:delta-spark_2.13:<version>"),
-    "iceberg": (
-        "org.apache.iceberg.spark.SparkCatalog",
-        "--packages org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:<version>",
-    ),
+    "delta": ("io.delta.sql.DeltaSparkSessionExtension", jars.packages_line(jars.DELTA_PACKAGES)),
+    "iceberg": ("org.apache.iceberg.spark.SparkCatalog", jars.packages_line(jars.ICEBERG_PACKAGES)),
 }
 #: Session settings fixed when the session starts (Spark refuses to change them later).
 _STATIC = {
-    "delta": {"spark.sql.extensions": _DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": _DELTA_CATALOG},
-    "iceberg": {"spark.sql.extensions": _ICEBERG_EXTENSION},
+    "delta": {"spark.sql.extensions": jars.DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": jars.DELTA_CATALOG},
+    "iceberg": {"spark.sql.extensions": jars.ICEBERG_EXTENSION},
 }
-#: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping.
-_MIRROR_PROPERTIES = {"delta": {"delta.columnMapping.mode": "name"}, "iceberg": {"format-version": "2"}}
+#: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping. A small
+#: batch must not rewrite the data files of a large mirror: Delta marks changed rows in deletion vectors,
+#: Iceberg writes position deletes (merge-on-read) instead of copying the files.
+_MIRROR_PROPERTIES = {
+    "delta": {"delta.columnMapping.mode": "name", "delta.enableDeletionVectors": "true"},
+    "iceberg": {"format-version": "2", "write.merge.mode": "merge-on-read", "write.delete.mode": "merge-on-read",
+                "write.update.mode": "merge-on-read"},
+}
 _LOG_PROPERTIES = {"delta": {}, "iceberg": {"format-version": "2"}}
 FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
 
@@ -66,16 +70,19 @@ def _log(message: str) -> None:
 
 
 def lakehouse_session(fmt: str) -> SparkSession:
-    """The session, started with the format's SQL extension (and Delta's catalog) unless one is running."""
-    if SparkSession.getActiveSession() is None:
-        from cdcd.spark.consumer import under_spark_submit
+    """The session with the format's SQL extension (and Delta's catalog).
 
-        under_submit = under_spark_submit()
-        SparkContext._ensure_initialized()  # so that SparkConf() shows those values: extend them, do not replace them
+    Started locally, the session gets the cached jars and both formats' settings
+    (``cdcd.spark.jars.local_settings``). Under spark-submit, the settings are
+    added to the ones given with ``--conf`` (extending ``spark.sql.extensions``)
+    before the session starts; the jars come from ``--packages`` or ``--jars``.
+    """
+    from cdcd.spark.consumer import session, under_spark_submit
+
+    if SparkSession.getActiveSession() is None and under_spark_submit():
+        SparkContext._ensure_initialized()  # attaches to spark-submit's JVM, so that SparkConf() shows its values
         conf = SparkConf()
         builder = SparkSession.builder
-        if not under_submit:  # the local session that the consumer's session() makes
-            builder = builder.master("local[2]").config("spark.ui.enabled", "false")
         for k, v in _STATIC[fmt].items():
             have = conf.get(k, "") or ""
             if k == "spark.sql.extensions" and have and v not in have.split(","):
@@ -84,9 +91,7 @@ def lakehouse_session(fmt: str) -> SparkSession:
                 v = have
             builder = builder.config(k, v)
         builder.getOrCreate()
-    from cdcd.spark.consumer import session  # the consumer's run-time settings, on this session
-
-    return session()
+    return session()  # the consumer's run-time settings, on this session
 
 
 def check_format(spark: SparkSession, fmt: str) -> str | None:
@@ -95,9 +100,10 @@ def check_format(spark: SparkSession, fmt: str) -> str | None:
     jvm = spark._jvm
     try:
         assert jvm is not None
-        jvm.java.lang.Class.forName(cls)
+        jvm.java.lang.Class.forName(cls, True, jvm.Thread.currentThread().getContextClassLoader())
     except Exception:
-        return f"--format {fmt}: {cls} is not on Spark's classpath; start the job with {packages} (docs/spark.md)"
+        return (f"--format {fmt}: {cls} is not on Spark's classpath; {_FETCH}, or start the job with "
+                f"spark-submit {packages} (docs/spark.md)")
     for k, v in _STATIC[fmt].items():
         have = spark.conf.get(k, "") or ""
         if v not in have.split(","):
@@ -105,26 +111,39 @@ def check_format(spark: SparkSession, fmt: str) -> str | None:
     return None
 
 
+#: The catalog settings this process registered itself (a catalog the user configured is left alone).
+_REGISTERED: dict[str, str] = {}
+
+
 def iceberg_settings(target: Path) -> dict[str, str]:
-    """The Hadoop catalog rooted at TARGET that holds the Iceberg tables."""
+    """The default Iceberg catalog: JDBC on an embedded SQLite file under TARGET, warehouse TARGET."""
     prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
-    return {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "hadoop",
-            f"{prefix}.warehouse": target.resolve().as_uri()}
+    root = target.resolve()
+    return {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "jdbc",
+            f"{prefix}.uri": f"jdbc:sqlite:{root / 'state' / 'iceberg-catalog.db'}",
+            f"{prefix}.jdbc.schema-version": "V1", f"{prefix}.warehouse": root.as_uri()}
 
 
 def check_target(spark: SparkSession, fmt: str, target: Path) -> str | None:
-    """None when TARGET can take ``fmt`` tables (sets the Iceberg catalog), else why not."""
+    """None when TARGET can take ``fmt`` tables (registers the Iceberg catalog), else why not."""
     marker = target / "state" / FORMAT_MARKER
     if marker.exists() and marker.read_text().strip() != fmt:
         return f"--format {fmt}: {target} holds {marker.read_text().strip()} tables; use a new --target"
     if not marker.exists() and (target / "state" / "consumer.json").exists():
         return f"--format {fmt}: {target} holds a Parquet mirror (--format parquet); use a new --target"
     if fmt == "iceberg":
-        for k, v in iceberg_settings(target).items():
-            have = spark.conf.get(k, None)
-            if have not in (None, v):
-                return f"--format iceberg: {k} is {have}, but the job needs {v} (docs/spark.md)"
-            spark.conf.set(k, v)  # a catalog is loaded on first use: setting it at run time is enough
+        prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
+        ours = bool(_REGISTERED) and all(spark.conf.get(k, None) == v for k, v in _REGISTERED.items())
+        if spark.conf.get(prefix, None) is not None and not ours:
+            return None  # a catalog given with --conf (JDBC on PostgreSQL, REST, ...): used as it is
+        wanted = iceberg_settings(target)
+        if any(spark.conf.get(k, None) != v for k, v in wanted.items()):
+            (target / "state").mkdir(parents=True, exist_ok=True)
+            for k, v in wanted.items():
+                spark.conf.set(k, v)
+                _REGISTERED[k] = v
+            jsession = spark._jsparkSession
+            jsession.sessionState().catalogManager().reset()  # another target before, in this process
     return None
 
 
@@ -154,14 +173,18 @@ class Names:
         return [sql.catalog_table(ICEBERG_CATALOG, kind, schema) for kind in ("tables", "changelog")]
 
     def location(self, kind: str, schema: str, table: str) -> Path:
-        if self.fmt == "delta":  # TARGET/tables/<schema>.<table>/, as in Parquet mode
-            return self.target.resolve() / kind / f"{schema}.{table}"
-        return self.target.resolve() / kind / schema / table  # the Hadoop catalog's layout
+        """A Delta table's directory: TARGET/tables/<schema>.<table>/, as in Parquet mode."""
+        return self.target.resolve() / kind / f"{schema}.{table}"
 
-    def exists(self, kind: str, schema: str, table: str) -> bool:
-        """Whether the table was created (TARGET is a POSIX path, see docs/spark.md)."""
-        meta = "_delta_log" if self.fmt == "delta" else "metadata"
-        return (self.location(kind, schema, table) / meta).is_dir()
+    def exists(self, spark: SparkSession, kind: str, schema: str, table: str) -> bool:
+        """Whether the table was created, asked of the format (works on object storage too)."""
+        jvm = spark._jvm
+        assert jvm is not None
+        if self.fmt == "delta":
+            jsession = spark._jsparkSession
+            path = self.location(kind, schema, table).as_uri()
+            return bool(jvm.io.delta.tables.DeltaTable.isDeltaTable(jsession, path))
+        return bool(spark.catalog.tableExists(self.ref(kind, schema, table)))
 
     def ref(self, kind: str, schema: str, table: str) -> str:
         if self.fmt == "delta":
@@ -245,7 +268,7 @@ def mirror_schema(p: Prepared) -> StructType:
 
 def table_schema(spark: SparkSession, names: Names, kind: str, schema: str, table: str) -> StructType | None:
     """The table's schema, None when it does not exist yet."""
-    if not names.exists(kind, schema, table):
+    if not names.exists(spark, kind, schema, table):
         return None
     return spark.table(names.ref(kind, schema, table)).schema
 
@@ -257,6 +280,7 @@ class Statements:
     namespaces: list[str]
     changelog_ddl: list[str]
     changelog_merge: str
+    changelog_append: str
     mirror_ddl: list[str]
     truncate: str | None
     mirror_merge: str
@@ -272,6 +296,7 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
         [sql.create_namespace(ns) for ns in names.namespaces(schema)],
         ddl(log, log_have, log_want, using, _LOG_PROPERTIES[using], drop=False),
         sql.changelog_merge(log, sources[0], p.key, log_want.fieldNames(), *positions),
+        sql.append(log, sources[0], log_want.fieldNames()),
         ddl(mirror, mirror_have, mirror_schema(p), using, _MIRROR_PROPERTIES[using], drop=True),
         sql.truncate_before(mirror, p.facts.truncate_pos) if p.facts.truncate_pos is not None else None,
         sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep),
@@ -294,10 +319,74 @@ def _merged(have: DataType, landed: DataType) -> DataType:
     return landed
 
 
+ICEBERG_PROPERTY = "spark.sql.iceberg.snapshot-property."
+DELTA_TXN = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
+BATCH_PROPERTY = "cdcd.batch"  # Iceberg snapshot summary: the last landed batch seq this commit applied
+STEP_PROPERTY = "cdcd.step"  # Iceberg snapshot summary: which statement (changelog, truncate, mirror)
+
+
+@contextmanager
+def recorded(spark: SparkSession, fmt: str, step: str, seq: int) -> Iterator[None]:
+    """Run a statement whose commit records that it applied landed batches up to ``seq``.
+
+    Delta: the idempotent-write transaction (appId ``cdcd-<step>``, version ``seq``), kept
+    in the table's log; Delta itself skips a statement whose version it already holds.
+    Iceberg: snapshot summary properties ``cdcd.step`` and ``cdcd.batch`` on the commit.
+    """
+    if fmt == "delta":
+        settings = {DELTA_TXN[0]: f"cdcd-{step}", DELTA_TXN[1]: str(seq)}
+    else:
+        settings = {ICEBERG_PROPERTY + STEP_PROPERTY: step, ICEBERG_PROPERTY + BATCH_PROPERTY: str(seq)}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k in settings:
+            spark.conf.unset(k)
+
+
+def applied_seq(spark: SparkSession, names: Names, kind: str, schema: str, table: str, step: str) -> int:
+    """The highest batch seq the table's own commits record for ``step`` (0: none)."""
+    if names.fmt == "delta":
+        jvm = spark._jvm
+        assert jvm is not None
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+            spark._jsparkSession, names.location(kind, schema, table).as_uri())
+        version = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).transactions().get(
+            f"cdcd-{step}")
+        return int(version.get()) if version.isDefined() else 0
+    snapshots = names.ref(kind, schema, table) + ".`snapshots`"
+    row = spark.sql(f"SELECT max(CAST(summary[{sql.literal(BATCH_PROPERTY)}] AS BIGINT)) FROM {snapshots} "
+                    f"WHERE summary[{sql.literal(STEP_PROPERTY)}] = {sql.literal(step)}").first()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.monotonic() - began
+
+
 def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table: str, files: list[LandedFile],
-                          prev: TableState, run_id: str) -> tuple[TableState, int]:
-    """Apply one table's landed files to its change-log and mirror; the new table state and the event count."""
-    p = prepare(spark, files, prev.watermark)
+                          prev: TableState, run_id: str,
+                          timings: dict[str, float] | None = None) -> tuple[TableState, int]:
+    """Apply one table's landed files to its change-log and mirror; the new table state and the event count.
+
+    Each statement's commit records the last batch seq it applied (``recorded``), and a
+    statement the table already holds is skipped: a batch applied twice, or again after
+    a crash between two statements, leaves the tables as they are. The change-log takes
+    a plain append when it holds none of the events yet, else an insert-only MERGE.
+    """
+    seq = files[-1].seq
+    took = timings if timings is not None else {}
+    with _timed(took, "prepare"):
+        mirror_have = table_schema(spark, names, "tables", schema, table)
+        target = spark.table(names.mirror(schema, table)) if mirror_have is not None else None
+        p = prepare(spark, files, prev.watermark, target)
     try:
         last_pos = max(f.entry["last_position"] for f in files)
         state = TableState(max(prev.watermark, last_pos), run_id,
@@ -307,17 +396,32 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         lowest = max(prev.watermark, min(f.entry["first_position"] for f in files))
         tag = uuid.uuid4().hex[:12]
         views = (f"cdcd_log_{tag}", f"cdcd_src_{tag}")
-        log_have = table_schema(spark, names, "changelog", schema, table)
-        mirror_have = table_schema(spark, names, "tables", schema, table)
-        plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
-        _run(spark, [*plan.namespaces, *plan.changelog_ddl])
-        _register(spark, conformed(p.events, _required(spark, names, schema, table)), views[0])
-        _run(spark, [plan.changelog_merge])
-        _run(spark, plan.mirror_ddl)
-        if plan.truncate is not None:
-            _run(spark, [plan.truncate])
-        _register(spark, p.mirror, views[1])
-        _run(spark, [plan.mirror_merge])
+        with _timed(took, "ddl"):
+            log_have = table_schema(spark, names, "changelog", schema, table)
+            plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
+            _run(spark, [*plan.namespaces, *plan.changelog_ddl])
+        with _timed(took, "changelog"):
+            held = applied_seq(spark, names, "changelog", schema, table, "changelog")
+            if held < seq:
+                _register(spark, conformed(p.events, _required(spark, names, schema, table)), views[0])
+                # an append unless the table may hold some of these events already: a batch of this
+                # merge (an earlier attempt), or events the daemon landed again after its crash
+                fresh = held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
+                with recorded(spark, names.fmt, "changelog", seq):
+                    _run(spark, [plan.changelog_append if fresh else plan.changelog_merge])
+        with _timed(took, "ddl"):
+            _run(spark, plan.mirror_ddl)
+        with _timed(took, "mirror"):
+            # the truncate comes first: a mirror that records the merge holds it. It is idempotent (rows
+            # below its position) and Delta records it too; Iceberg may drop whole files without a snapshot
+            # summary of ours (a metadata-only delete)
+            if applied_seq(spark, names, "tables", schema, table, "mirror") < seq:
+                if plan.truncate is not None:
+                    with recorded(spark, names.fmt, "truncate", seq):
+                        _run(spark, [plan.truncate])
+                _register(spark, p.mirror, views[1])
+                with recorded(spark, names.fmt, "mirror", seq):
+                    _run(spark, [plan.mirror_merge])
         for v in views:
             spark.catalog.dropTempView(v)
         return state, p.facts.events
@@ -365,10 +469,12 @@ class LakehouseConsumer(Consumer):
         run_id = segment[0][1]["run_id"]
         new_state = ConsumerState(segment[-1][0], dict(self.state.tables))
         events = 0
+        timings: dict[str, dict[str, float]] = {}
         for (schema, table), files in sorted(table_files(self.landing, segment).items()):
             name = f"{schema}.{table}"
+            timings[name] = {}
             state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
-                                             self.state.tables.get(name, TableState()), run_id)
+                                             self.state.tables.get(name, TableState()), run_id, timings[name])
             new_state.tables[name] = state
             events += n
         # every statement above is idempotent: a crash before this commit applies the batches again
@@ -377,5 +483,8 @@ class LakehouseConsumer(Consumer):
             mark_consumed(self.landing, seq)
         self.applied_events += events
         self.applied_seconds += time.monotonic() - started
-        _log(f"applied batches {segment[0][0]}..{segment[-1][0]}: {events} events ({self.names.fmt})")
+        took = time.monotonic() - started
+        jobs = ", ".join(f"{t} {j} {s:.1f}s" for t, js in timings.items() for j, s in js.items())
+        _log(f"applied batches {segment[0][0]}..{segment[-1][0]}: {events} events in {len(timings)} tables, "
+             f"{took:.1f}s ({self.names.fmt}: {jobs})")
 

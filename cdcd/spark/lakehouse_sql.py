@@ -136,3 +136,9 @@ def changelog_merge(
     names = ", ".join(q(c) for c in columns)
     values = ", ".join(f"s.{q(c)}" for c in columns)
     return f"MERGE INTO {table} t USING {source} s ON {on} WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
+
+
+def append(table: str, source: str, columns: Sequence[str]) -> str:
+    """Add every source row: the change-log's events when the table holds none of them yet."""
+    names = ", ".join(q(c) for c in columns)
+    return f"INSERT INTO {table} ({names}) SELECT {names} FROM {source}"

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdcd.config import Config
-from cdcd.errors import SourceError
+from cdcd.errors import CdcdError, SourceError
 from cdcd.events import TableId
 
 #: The PostgreSQL source's session settings: its text forms are what it lands.
@@ -47,17 +47,24 @@ def _qi(name: str, quote: str) -> str:
 
 
 async def read_postgres(config: Config) -> list[SourceTable]:
-    import asyncpg
+    # the source's own connection code: its TLS (source.sslmode, source.sslrootcert) and session settings
+    from cdcd.sources.postgres.catalog import connect_sql
+    from cdcd.sources.postgres.replication import ConnectParams
 
     src = config.source
+    params = ConnectParams(
+        host=src.host, port=src.effective_port, user=src.user, database=src.database, password=src.secret(),
+        sslmode=src.sslmode, sslrootcert=src.sslrootcert, connect_timeout_s=src.connect_timeout_s,
+        application_name="cdcd-verify",
+    )
     try:
-        conn = await asyncpg.connect(
-            host=src.host, port=src.effective_port, user=src.user, password=src.secret(), database=src.database,
-            server_settings=PG_SESSION, timeout=src.connect_timeout_s,
-        )
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise SourceError(f"verify: cannot connect to PostgreSQL {src.host}:{src.effective_port}: {exc}") from exc
+        conn = await connect_sql(params)
+    except SourceError as exc:
+        raise SourceError(f"verify: {exc}") from exc
     try:
+        for name, value in PG_SESSION.items():  # what verify's text forms rely on, whatever the source sets
+            await conn.execute(f"SELECT set_config('{name}', '{value}', false)")
+
         out = []
         async with conn.transaction(isolation="repeatable_read", readonly=True):
             for t in src.table_ids:
@@ -102,15 +109,18 @@ async def _pg_table(conn: Any, t: TableId) -> SourceTable:
 
 
 async def read_mysql(config: Config) -> list[SourceTable]:
-    import aiomysql
+    # the source's own connection code: its TLS (source.sslmode, source.sslrootcert), UTC session
+    from cdcd.sources.mysql.snapshot import open_connection
+    from cdcd.sources.mysql.tls import Tls
 
     src = config.source
+    settings: dict[str, Any] = {
+        "host": src.host, "port": src.effective_port, "user": src.user, "password": src.secret() or "",
+        "charset": "utf8mb4", "connect_timeout": int(src.connect_timeout_s),
+    }
     try:
-        conn = await aiomysql.connect(
-            host=src.host, port=src.effective_port, user=src.user, password=src.secret() or "",
-            db=src.database, connect_timeout=src.connect_timeout_s, autocommit=True,
-        )
-    except Exception as exc:
+        conn = await open_connection(settings, Tls.build(src.sslmode, src.sslrootcert, src.host, src.effective_port))
+    except CdcdError as exc:
         raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
     try:
         async with conn.cursor() as cur:

@@ -1,7 +1,8 @@
 """`cdcd verify`: compare every captured source table with its mirror.
 
-The source is read in one snapshot transaction; the mirror with pyarrow (no
-Spark). Rows are matched by primary key and compared by a hash of every
+The source is read in one snapshot transaction, with the source's own
+connection code and TLS settings; a Parquet mirror with pyarrow, a Delta
+Lake or Iceberg mirror through Spark. Rows are matched by primary key and compared by a hash of every
 column's normal form (``cdcd.spark.normalize``). Exit code 0 when all tables
 match, 1 on any difference, 2 when the source or the target cannot be read.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 
 from cdcd.config import Config
@@ -53,11 +55,42 @@ def _index(columns: list[SourceColumn], key: list[str], rows: list[list[Any]]) -
     return out
 
 
+def target_format(target: Path) -> str:
+    """The target's table format: TARGET/state/format (Delta Lake, Iceberg), else the Parquet mirror."""
+    marker = target / "state" / "format"
+    return marker.read_text().strip() if marker.exists() else "parquet"
+
+
+def read_table(target: Path, table: str, kind: str = "tables") -> pa.Table | None:
+    """A mirror (``tables``) or change-log (``changelog``) of any format as an Arrow table; None when absent.
+
+    Parquet with pyarrow; Delta Lake and Iceberg through Spark with the job's own
+    session and catalog settings (``cdcd.spark.lakehouse``).
+    """
+    fmt = target_format(target)
+    if fmt == "parquet":
+        path = target / kind / table
+        return ds.dataset(path).to_table() if path.is_dir() else None
+    from cdcd.spark.lakehouse import Names, prepare_run
+
+    problem = prepare_run(fmt, target)
+    if problem is not None:
+        raise ValueError(problem)
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    names = Names(fmt, target)
+    schema, name = table.split(".", 1)
+    if not names.exists(spark, kind, schema, name):
+        return None
+    return spark.table(names.ref(kind, schema, name)).toArrow()
+
+
 def read_mirror(target: Path, table: str, columns: list[SourceColumn]) -> list[list[Any]]:
-    path = target / "tables" / table
-    if not path.is_dir():
+    data = read_table(target, table)
+    if data is None:
         return []
-    data = ds.dataset(path).to_table()
     have = set(data.column_names)
     cols = [data.column(c.name).to_pylist() if c.name in have else [None] * data.num_rows for c in columns]
     return [list(r) for r in zip(*cols, strict=True)] if cols else []
@@ -114,7 +147,7 @@ def verify(config: Config, target: str, out: TextIO | None = None) -> int:
     for t in tables:
         try:
             mirror_rows = read_mirror(Path(target), str(t.table), t.columns)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # pyarrow, Spark or the catalog: reported, exit 2
             print(f"verify: cannot read the mirror of {t.table} under {target}: {exc}", file=sys.stderr)
             return 2
         diffs.append(compare(t, mirror_rows))

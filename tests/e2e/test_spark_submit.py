@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pytest
 
 import cdcd.spark.consumer
@@ -17,6 +16,8 @@ from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink, consumed_seqs
+from cdcd.spark import jars
+from cdcd.spark.verify import read_table
 
 pytestmark = pytest.mark.spark
 
@@ -35,12 +36,17 @@ async def _land(landing: Path) -> None:
 
 
 def test_spark_submit_keeps_its_master(tmp_path: Path) -> None:
+    """Run as docs/spark.md tells spark-submit users, with the cached jars as --jars instead of --packages."""
     landing, target = tmp_path / "landing", tmp_path / "target"
     asyncio.run(_land(landing))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    found = jars.cached_jars(jars.DELTA_PACKAGES)
+    assert found is not None, "run scripts/bootstrap.sh: it fetches the jars"
     proc = subprocess.run(
-        [SPARK_SUBMIT, "--master", "local[1]", cdcd.spark.consumer.__file__,
-         "--landing", str(landing), "--target", str(target), "--once"],
+        [SPARK_SUBMIT, "--master", "local[1]", "--jars", ",".join(str(p) for p in found),
+         "--conf", f"spark.sql.extensions={jars.DELTA_EXTENSION}",
+         "--conf", f"spark.sql.catalog.spark_catalog={jars.DELTA_CATALOG}",
+         cdcd.spark.consumer.__file__, "--landing", str(landing), "--target", str(target), "--once"],
         capture_output=True, text=True, env=env, timeout=300,
     )
     output = proc.stdout + proc.stderr  # spark-submit passes the Python driver's stderr on to its stdout
@@ -48,5 +54,6 @@ def test_spark_submit_keeps_its_master(tmp_path: Path) -> None:
     # the consumer's own local default is local[2]: seeing local[1] means spark-submit's choice stood
     assert "Spark master local[1]" in output
     assert consumed_seqs(landing) == [1]
-    mirror = ds.dataset(str(target / "tables" / "public.items"), format="parquet").to_table()
-    assert sorted(mirror.column("id").to_pylist()) == [1, 2, 3]
+    assert (target / "state" / "format").read_text().strip() == "delta"  # the default format
+    mirror = read_table(target, "public.items")
+    assert mirror is not None and sorted(mirror.column("id").to_pylist()) == [1, 2, 3]

@@ -1,15 +1,15 @@
-"""The Delta Lake / Iceberg target (``--format delta|iceberg``) as far as it runs without their jars.
+"""The Delta Lake / Iceberg target (``--format delta|iceberg``): the MERGE source and the generated SQL.
 
 The MERGE source rows are built by real Spark from batches landed by the
 real landing sink; the generated SQL is checked by Spark's own parser (and,
-for the MERGE/DELETE statements, by its analyzer against Parquet tables of
-the same schema, which resolves every column before refusing to execute a
-MERGE on Parquet). Executing the MERGEs needs the Delta/Iceberg jars, which
-are only on Maven Central: not reachable from this machine.
+for the MERGE/DELETE statements, by its analyzer). The statements run
+against the real Delta Lake and Iceberg jars in test_spark_formats.py and
+test_spark_consumer.py.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from decimal import Decimal
@@ -301,13 +301,15 @@ def test_a_parquet_target_is_refused(spark: SparkSession, tmp_path: Path) -> Non
     assert problem is not None and "holds iceberg tables" in problem
 
 
-@pytest.mark.parametrize(("fmt", "package"), [("delta", "io.delta:delta-spark_2.13"),
-                                              ("iceberg", "org.apache.iceberg:iceberg-spark-runtime")])
+@pytest.mark.parametrize(("fmt", "package"), [("delta", "io.delta:delta-spark_4.1_2.13:4.4.0"),
+                                              ("iceberg", "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13")])
 async def test_cli_without_the_jars_exits_2(tmp_path: Path, fmt: str, package: str) -> None:
     landing, target = tmp_path / "landing", tmp_path / "target"
     await land(landing, [[ev(Op.CREATE, 100, 1, schema=V1, after=small(1))]], [1])
+    (tmp_path / "no-jars").mkdir()
+    env = {**os.environ, "CDCD_SPARK_JARS": str(tmp_path / "no-jars")}  # an empty jar cache
     done = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target), "--once",
-                           "--format", fmt], capture_output=True, text=True, timeout=300)
+                           "--format", fmt], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "is not on Spark's classpath" in done.stderr and package in done.stderr
     assert not target.exists()  # nothing was written

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import subprocess
+import tempfile
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from cdcd.config import Config, parse_config
 from cdcd.devservers import MariaDBServer, PostgresServer
@@ -124,3 +129,52 @@ def test_verify_mariadb(maria_server: MariaDBServer, maria_db: str, tmp_path: Pa
     maria_server.sql("UPDATE items SET j = '{\"k\": [1, 3]}' WHERE id = 1", maria_db)
     code, text = run_verify(config, tmp_path)
     assert code == 1 and "changed key=['1']" in text, text
+
+
+def _self_signed(where: Path) -> tuple[Path, Path]:
+    where.mkdir(parents=True)
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(where / "server.key"), "-out", str(where / "server.crt")],
+                   check=True, capture_output=True)
+    return where / "server.crt", where / "server.key"
+
+
+def test_verify_connects_with_the_sources_tls_settings(tmp_path: Path) -> None:
+    """A TLS-only PostgreSQL (hostssl) and `sslmode = "verify-full"`: verify checks the certificate like the daemon."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    certs = Path(tempfile.mkdtemp(prefix="cdcd-verify-tls-"))
+    cert, key = _self_signed(certs / "server")
+    stranger, _ = _self_signed(certs / "other")  # a certificate that did not sign the server's
+    os.chmod(certs, 0o755)
+    os.chmod(certs / "server", 0o755)
+    os.chmod(key, 0o600)
+    if os.geteuid() == 0:
+        for f in (key, cert):
+            shutil.chown(f, "postgres")
+    server = PostgresServer(settings={"ssl": "on", "ssl_cert_file": f"'{cert}'", "ssl_key_file": f"'{key}'"}).start()
+    try:
+        hba = server.root / "data" / "pg_hba.conf"  # TCP connections only with TLS
+        lines = [line.replace("host ", "hostssl ", 1) if line.startswith("host ") else line
+                 for line in hba.read_text().splitlines()]
+        hba.write_text("\n".join([*lines, "hostnossl all all 0.0.0.0/0 reject", ""]))
+        server.psql("SELECT pg_reload_conf(); CREATE TABLE items (id bigint PRIMARY KEY, v text);"
+                    "INSERT INTO items VALUES (1, 'a'), (2, 'b');")
+        target = tmp_path / "target"
+        write_mirror(target, "public.items", pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", "b"]}))
+
+        def config(root: Path) -> Config:
+            return parse_config({"source": {
+                "kind": "postgres", "host": "localhost", "port": server.port, "user": "cdc_pw",
+                "password": "secret", "database": "postgres", "tables": ["public.items"],
+                "sslmode": "verify-full", "sslrootcert": str(root)}}, env={})
+
+        code, out = run_verify(config(cert), target)
+        assert code == 0, out
+        assert "public.items: OK" in out
+        code, out = run_verify(config(stranger), target)  # the server's certificate is not trusted: refused
+        assert code == 2, out
+    finally:
+        server.stop()
+        shutil.rmtree(certs, ignore_errors=True)
