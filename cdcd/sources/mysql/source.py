@@ -24,7 +24,7 @@ import aiomysql
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, RowBlock, TableId
+from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock, TableId, snapshot_truncates
 from cdcd.positions import MySqlPosition, Position, position_from_json
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import BinlogReader, Channel, StartPoint
@@ -36,6 +36,7 @@ from cdcd.sources.mysql.snapshot import (
     SnapshotTask,
     Snapshotter,
     Watermark,
+    load_table_schema,
     open_connection,
     parse_binlog_status,
 )
@@ -64,7 +65,7 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     history: SchemaHistory | None = None
     for item in items:
         if type(item) is ChangeEvent:
-            if item.snapshot:
+            if item.snapshot and item.op is not Op.TRUNCATE:  # a snapshot's opening truncate is no progress
                 last[str(item.table)] = item
             continue
         if type(item) is RowBlock:
@@ -308,6 +309,11 @@ class MySqlSource(Source):
             assert plan.snapshot_tasks is not None
             if plan.fresh_snapshot:
                 yield Mark("snapshot_start", at, {"tables": [str(t.table) for t in plan.snapshot_tasks]})
+                # a new snapshot supersedes whatever an abandoned earlier one landed (docs/landing-format.md)
+                conn = await self._control()
+                schemas = [(await load_table_schema(conn, t.table))[0] for t in plan.snapshot_tasks]
+                for truncate in snapshot_truncates(schemas, at):
+                    yield truncate
             async for chunk in snap.run(plan.snapshot_tasks, at):
                 for item in chunk:
                     yield item

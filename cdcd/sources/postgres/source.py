@@ -17,7 +17,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, TableId
+from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, snapshot_truncates
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.postgres import catalog, pgoutput
@@ -217,8 +217,11 @@ class PostgresSource(Source):
 
     async def stream(self) -> AsyncIterator[Item]:
         if self._start_mark is not None:
-            yield self._start_mark
-            self._start_mark = None
+            mark, self._start_mark = self._start_mark, None
+            yield mark
+            if mark.detail.get("snapshot"):
+                for truncate in snapshot_truncates([self._shapes[t].schema for t in self._tables], self._watermark):
+                    yield truncate
         if self._reader is not None:
             self._phase = "snapshot"
             try:
