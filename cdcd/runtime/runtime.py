@@ -333,11 +333,17 @@ class Runtime:
             state = self.source.fold(self._source_state, items)
             last = batches[-1]
             events = sum(b.event_count for b in batches)
+            # Never backwards: after a restart the source may re-send progress marks older than the checkpoint
+            # (the skip rule drops only row events), and a batch of such marks alone must not rewind it.
+            position = last.last_position
+            held = self._checkpoint.position
+            if held is not None and (position is None or position < held):  # type: ignore[operator]
+                position = held
             ckpt = Checkpoint(
                 source_kind=self.source.kind,
                 batch_seq=last.seq,
                 event_count=self._barrier.committed_events + events,
-                position=last.last_position,
+                position=position,
                 source_state=state,
             )
             try:
