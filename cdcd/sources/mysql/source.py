@@ -30,7 +30,7 @@ from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import BinlogReader, Channel, StartPoint
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.gtid import check_not_purged
-from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check
+from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
 from cdcd.sources.mysql.snapshot import (
     SnapshotTask,
@@ -188,7 +188,7 @@ class MySqlSource(Source):
         rows = await self._query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_bin', 'binlog_format', 'binlog_row_image', "
             "'binlog_row_metadata', 'server_id', 'gtid_mode', 'gtid_binlog_pos', 'gtid_purged', 'version', "
-            "'log_bin_compress')")
+            "'log_bin_compress', 'binlog_transaction_compression', 'binlog_row_value_options')")
         return {str(k).lower(): str(v) for k, v in rows}
 
     async def _binlog_files(self) -> list[str]:
@@ -206,6 +206,8 @@ class MySqlSource(Source):
         if v.get("log_bin_compress", "OFF").upper() in ("ON", "1"):
             raise SourceFatal("the server compresses its binlog (log_bin_compress = ON), which cdcd cannot decode: "
                               "SET GLOBAL log_bin_compress = OFF and set it OFF in my.cnf (see docs/mysql.md)")
+        for problem in undecodable_settings(v):
+            raise SourceFatal(problem)
         if v.get("server_id") == str(self.server_id):
             raise SourceFatal(f"source.mysql.server_id {self.server_id} is the server's own server_id: choose a "
                               "number unique among its replicas")
