@@ -54,14 +54,14 @@ def _not_implemented(event_type: int, log_pos: int = 5000, size: int = 300, flag
 
 
 def test_transaction_payload_event_is_fatal_with_its_position() -> None:
-    with pytest.raises(SourceFatal, match="TRANSACTION_PAYLOAD_EVENT at binlog.000007:4700") as err:
+    with pytest.raises(SourceFatal, match=r"TRANSACTION_PAYLOAD_EVENT at binlog\.000007:4700") as err:
         _decoder().feed(_not_implemented(40))
     assert "binlog_transaction_compression = OFF" in str(err.value)
 
 
 @pytest.mark.parametrize("event_type", [26, 20, 172, 200])  # incident, pre-GA rows, unknown MariaDB, unknown
 def test_unknown_events_are_fatal_never_skipped(event_type: int) -> None:
-    with pytest.raises(SourceFatal, match="binlog.000007:4700"):
+    with pytest.raises(SourceFatal, match=r"binlog\.000007:4700"):
         _decoder().feed(_not_implemented(event_type))
 
 
@@ -80,7 +80,7 @@ def _partial_update(schema: str, table: str) -> Any:
 def test_partial_json_update_reaches_the_decoder_and_is_fatal() -> None:
     # the library drops events whose class is not requested: it must be, or the update vanishes silently
     assert PartialUpdateRowsEvent in binlog._EVENTS and bl.XAPrepareEvent in binlog._EVENTS
-    with pytest.raises(SourceFatal, match="PARTIAL_UPDATE_ROWS_EVENT for app.t at binlog.000007:5800") as err:
+    with pytest.raises(SourceFatal, match=r"PARTIAL_UPDATE_ROWS_EVENT for app\.t at binlog\.000007:5800") as err:
         _decoder().feed(_partial_update("app", "t"))
     assert "binlog_row_value_options" in str(err.value)
     assert _decoder().feed(_partial_update("app", "other")) == []  # not captured
