@@ -33,8 +33,9 @@ def load_manifest(path: Path) -> dict[str, Any]:
         raise SinkFatal(f"landing manifest {path} is not a {FORMAT_NAME} manifest")
     if doc.get("version") not in READABLE_VERSIONS:
         raise SinkFatal(
-            f"landing manifest {path} has format version {doc.get('version')!r}; this cdcd reads version "
-            f"{FORMAT_VERSION}: upgrade cdcd or drain the landing zone with the matching version"
+            f"landing manifest {path} has format version {doc.get('version')!r}; this cdcd reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))} (writes {FORMAT_VERSION}): upgrade cdcd or drain the "
+            "landing zone with the matching version"
         )
     if seal(doc)["checksum"] != doc.get("checksum"):
         raise SinkFatal(f"landing manifest {path}: checksum mismatch; the file was changed after landing")
