@@ -31,7 +31,7 @@ import structlog
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
-from cdcd.events import ChangeEvent, Item, RowBlock, event_count
+from cdcd.events import ChangeEvent, Item, Mark, RowBlock, event_count
 from cdcd.positions import Position
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.batcher import Batcher
@@ -334,11 +334,12 @@ class Runtime:
             last = batches[-1]
             events = sum(b.event_count for b in batches)
             # Never backwards: after a restart the source may re-send progress marks older than the checkpoint
-            # (the skip rule drops only row events), and a batch of such marks alone must not rewind it.
-            position = last.last_position
-            held = self._checkpoint.position
-            if held is not None and (position is None or position < held):  # type: ignore[operator]
-                position = held
+            # (the skip rule drops only row events), so the last item need not be the highest: take the highest
+            # of the saved position, the last item and every mark (rows arrive in order; marks fold the flush).
+            position = self._checkpoint.position
+            for item in (*(i for i in items if type(i) is Mark), last.items[-1]) if last.items else ():
+                if position is None or item.position > position:  # type: ignore[operator]
+                    position = item.position
             ckpt = Checkpoint(
                 source_kind=self.source.kind,
                 batch_seq=last.seq,
