@@ -120,6 +120,11 @@ class RuntimeConfig(_Section):
     max_inflight_batches: int = Field(default=4, ge=1)
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     reconnect_max_s: float = Field(default=60.0, gt=0)
+    #: A source outage (every reconnect failing) longer than this is fatal (exit 4); 0 retries for ever.
+    source_retry_timeout_s: float = Field(default=600.0, ge=0)
+    #: The longest one query or snapshot chunk on a source connection may take before the connection is
+    #: taken for dead (a transient error: reconnect).
+    source_read_timeout_s: float = Field(default=300.0, gt=0)
 
 
 class HttpConfig(_Section):

@@ -146,16 +146,36 @@ class PostgresServer:
             "host all all 127.0.0.1/32 trust\n"
             "host replication all 127.0.0.1/32 trust\n"
         )
+        self._launch()
+        self._bootstrap_roles()
+        return self
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def _launch(self) -> None:
+        bindir = _pg_bindir()
         log = self.root / "server.log"
         logf = open(log, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            [str(bindir / "postgres"), "-D", str(data)],
-            stdout=logf, stderr=logf, start_new_session=True, **_run_as(owner),  # type: ignore[call-overload]
+            [str(bindir / "postgres"), "-D", str(self.data)],
+            stdout=logf, stderr=logf, start_new_session=True, **_run_as(_service_user()),  # type: ignore[call-overload]
         )
         _wait_port(self.port, self.proc, log)
         self._wait_accepting(bindir, log)
-        self._bootstrap_roles()
-        return self
+
+    def halt(self, immediate: bool = False) -> None:
+        """Stop the server and keep its data directory: fast shutdown, or an immediate one (a crash:
+        no shutdown checkpoint, recovery at the next start)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT if immediate else signal.SIGINT)
+            self.proc.wait(timeout=60)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Start the halted server again on the same data directory and port."""
+        self._launch()
 
     def _wait_accepting(self, bindir: Path, log: Path, timeout: float = 60) -> None:
         """The port opens before recovery ends ("the database system is starting up"): wait for real readiness."""
@@ -295,6 +315,29 @@ class MariaDBServer:
     def create_database(self, name: str) -> str:
         self.sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         return name
+
+    def replicate_from(self, primary: MariaDBServer, user: str = "cdc", password: str = "secret") -> None:
+        """Become a GTID replica of ``primary`` from its current GTID position on (what it has now is not
+        copied). Both servers should run with ``log_slave_updates`` (and ``gtid_strict_mode``) for failover."""
+        pos = primary.sql("SELECT @@GLOBAL.gtid_binlog_pos")
+        self.sql(
+            "STOP SLAVE; RESET SLAVE ALL; RESET MASTER;"
+            f"SET GLOBAL gtid_slave_pos = '{pos}';"
+            f"CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {primary.port}, MASTER_USER = '{user}', "
+            f"MASTER_PASSWORD = '{password}', MASTER_USE_GTID = slave_pos, MASTER_CONNECT_RETRY = 1;"
+            "START SLAVE"
+        )
+
+    def wait_replicated(self, primary: MariaDBServer, timeout: float = 60) -> None:
+        """Wait until this replica applied everything ``primary`` has in its binlog now."""
+        pos = primary.sql("SELECT @@GLOBAL.gtid_binlog_pos")
+        if self.sql(f"SELECT MASTER_GTID_WAIT('{pos}', {timeout})") != "0":
+            status = self.sql("SHOW SLAVE STATUS\\G")
+            raise ServerError(f"replica on port {self.port} did not reach GTID {pos} within {timeout}s:\n{status}")
+
+    def promote(self) -> None:
+        """Stop replicating and take writes: the replica becomes a primary (a failover)."""
+        self.sql("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

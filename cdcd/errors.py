@@ -31,7 +31,7 @@ class SourceFatal(SourceError):
 
 
 class CheckpointError(CdcdError):
-    """The checkpoint could not be saved; the next ack retries."""
+    """The checkpoint could not be saved; the runtime retries the save on a timer."""
 
 
 class CheckpointFatal(CheckpointError):

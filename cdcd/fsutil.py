@@ -6,6 +6,7 @@ leaves the old file or the new one, never half of one.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -35,13 +36,20 @@ def write_durably(final: Path, data: bytes, sync_dir: bool = True) -> None:
     tmp = temp_name(final)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, final)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except OSError as exc:
+        # A full disk must not keep the half-written temp file: it holds the space the retry needs.
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None:  # os.write() names no file: name the one being written
+            exc.filename = str(final)
+        raise
     if sync_dir:
         fsync_dir(final.parent)
 
@@ -55,3 +63,18 @@ def remove_temps(directory: Path) -> list[Path]:
                 entry.unlink(missing_ok=True)
                 removed.append(entry)
     return removed
+
+
+_STORAGE_FIXES = {
+    errno.ENOSPC: "the volume is full: free space on it (or move the directory to a larger volume)",
+    errno.EDQUOT: "the disk quota is exhausted: free space or raise the quota of the daemon's user",
+    errno.EROFS: "the volume is mounted read-only: remount it read-write",
+    errno.EIO: "an I/O error: check the disk and the kernel log (dmesg)",
+    errno.EACCES: "permission denied: make the directory writable by the daemon's user",
+    errno.EPERM: "permission denied: make the directory writable by the daemon's user",
+}
+
+
+def storage_fix(exc: OSError) -> str:
+    """What the operator should do about a failed write, by errno."""
+    return _STORAGE_FIXES.get(exc.errno or 0, "check the disk, its free space and permissions")

@@ -39,14 +39,22 @@ class PgPosition:
         return f"{format_lsn(self.lsn)}#{self.seq}"
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class MySqlPosition:
-    """MySQL/MariaDB: binlog file index, transaction start offset, index in it.
+    """MySQL/MariaDB: server epoch, binlog file index, transaction start offset, index in it.
 
     ``file`` is the binlog file name; ordering uses its numeric suffix
     (``file_index``) so ``mysql-bin.000010`` sorts after ``mysql-bin.000009``.
     ``gtid`` is the GTID set of completed transactions up to here, if any;
     it does not take part in ordering.
+
+    ``epoch`` leads the order: (file, offset) pairs of two servers (after a
+    GTID failover) or of one server before and after a binlog reset do not
+    compare, so cdcd bumps the epoch whenever it continues on another binlog
+    history, and every position of the new history sorts above the old ones.
+    Epoch 0 encodes exactly as before epochs existed (``my:<file>:...``); a
+    higher epoch encodes as ``my:e<epoch>:<file>:...``, and ``e`` sorts after
+    every digit, so old and new strings keep one plain string order.
     """
 
     file_index: int
@@ -54,22 +62,49 @@ class MySqlPosition:
     seq: int = 0
     file: str = field(default="", compare=False)
     gtid: str = field(default="", compare=False)
+    epoch: int = 0
 
     kind: ClassVar[str] = "mysql"
 
     @classmethod
-    def at(cls, file: str, pos: int, seq: int = 0, gtid: str = "") -> MySqlPosition:
-        return cls(binlog_index(file), pos, seq, file, gtid)
+    def at(cls, file: str, pos: int, seq: int = 0, gtid: str = "", epoch: int = 0) -> MySqlPosition:
+        return cls(binlog_index(file), pos, seq, file, gtid, epoch)
+
+    @classmethod
+    def epoch_start(cls, epoch: int, gtid: str) -> MySqlPosition:
+        """The lowest position of an epoch: "at GTID set ``gtid`` on the epoch's server", no file known."""
+        return cls(0, 0, 0, "", gtid, epoch)
+
+    def _key(self) -> tuple[int, int, int, int]:
+        return (self.epoch, self.file_index, self.pos, self.seq)
+
+    def __lt__(self, other: MySqlPosition) -> bool:
+        return self._key() < other._key()
+
+    def __le__(self, other: MySqlPosition) -> bool:
+        return self._key() <= other._key()
+
+    def __gt__(self, other: MySqlPosition) -> bool:
+        return self._key() > other._key()
+
+    def __ge__(self, other: MySqlPosition) -> bool:
+        return self._key() >= other._key()
 
     @property
     def encoded(self) -> str:
-        return f"my:{self.file_index:010d}:{self.pos:020d}:{self.seq:010d}"
+        head = f"my:e{self.epoch:06d}:" if self.epoch else "my:"
+        return f"{head}{self.file_index:010d}:{self.pos:020d}:{self.seq:010d}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "file": self.file, "pos": self.pos, "seq": self.seq, "gtid": self.gtid}
+        doc: dict[str, Any] = {"kind": self.kind, "file": self.file, "pos": self.pos, "seq": self.seq,
+                               "gtid": self.gtid}
+        if self.epoch:
+            doc["epoch"] = self.epoch
+        return doc
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.pos}#{self.seq}"
+        where = f"{self.file}:{self.pos}#{self.seq}" if self.file else f"GTID {self.gtid or '(empty)'}"
+        return f"epoch {self.epoch} {where}" if self.epoch else where
 
 
 Position = PgPosition | MySqlPosition
@@ -102,7 +137,10 @@ def position_from_json(doc: dict[str, Any]) -> Position:
         if kind == PgPosition.kind:
             return PgPosition(parse_lsn(doc["lsn"]), int(doc["seq"]))
         if kind == MySqlPosition.kind:
-            return MySqlPosition.at(doc["file"], int(doc["pos"]), int(doc["seq"]), doc.get("gtid", ""))
+            file, epoch = str(doc["file"]), int(doc.get("epoch", 0))
+            if not file:  # an epoch's start: known by its GTID set only
+                return MySqlPosition.epoch_start(epoch, str(doc.get("gtid", "")))
+            return MySqlPosition.at(file, int(doc["pos"]), int(doc["seq"]), doc.get("gtid", ""), epoch)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointFatal(f"checkpoint position {doc!r} is malformed: {exc}") from exc
     raise CheckpointFatal(f"checkpoint position has unknown kind {kind!r}")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcd.errors import CheckpointError, CheckpointFatal, StateDirLocked, StateError
-from cdcd.fsutil import fsync_dir, remove_temps, write_durably
+from cdcd.fsutil import fsync_dir, remove_temps, storage_fix, write_durably
 from cdcd.positions import Position, position_from_json
 
 FORMAT_VERSION = 1
@@ -145,16 +145,23 @@ class CheckpointStore:
                 f"state directory {self.path} is locked by {who}: another cdcd daemon is running on it. "
                 "Stop it first (`cdcd stop -c CONFIG`) or give this one its own state.path"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        os.fsync(fd)
+        # Overwritten in place and never emptied: a restart on a full volume needs no new block for it.
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            os.pwrite(fd, pid, 0)
+            os.ftruncate(fd, len(pid))
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            raise CheckpointError(
+                f"state directory {self.path}: cannot write the daemon's pid into {self.path / LOCK}: "
+                f"{exc.strerror or exc}; {storage_fix(exc)}"
+            ) from exc
         self._lock_fd = fd
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._lock_fd, 0)
-            os.close(self._lock_fd)  # closing releases the flock
+            os.close(self._lock_fd)  # closing releases the flock; the stale pid is read only under the lock
             self._lock_fd = None
 
     @property
@@ -219,8 +226,8 @@ class CheckpointStore:
         except OSError as exc:
             self._last_save_id -= 1
             raise CheckpointError(
-                f"saving the checkpoint in {self.path} failed: {exc.strerror or exc}; "
-                "the next acknowledged batch retries (check disk space and permissions)"
+                f"saving the checkpoint in {self.path} failed: {exc.strerror or exc}; {storage_fix(exc)}. "
+                "cdcd retries the save until it succeeds; reading pauses while the batches wait"
             ) from exc
         return ckpt
 

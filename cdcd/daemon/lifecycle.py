@@ -40,6 +40,9 @@ _log = structlog.get_logger("cdcd.daemon")
 
 #: /healthz fails when the running pipeline loop has not ticked for this long.
 STALL_AFTER_S = 30.0
+#: /healthz fails when checkpoint saves or landing writes have failed without a break for this long
+#: (/readyz fails at once): a full disk that nobody frees must reach the operator's health checks.
+STORAGE_UNHEALTHY_AFTER_S = 30.0
 #: How often progress is logged when not on a TTY.
 PROGRESS_LOG_INTERVAL_S = 30.0
 _STATUS_INTERVAL_S = 2.0
@@ -71,30 +74,53 @@ class Daemon:
             pid=os.getpid(), version=__version__, ready=self.is_ready(), source_kind=self.config.source.kind,
             uptime_s=round(time.time() - self.started_at, 1), stopping=self._stop.is_set(),
         )
+        fault = self.storage_fault()
+        base["storage_fault"] = None if fault is None else {"error": fault[0], "failing_for_s": round(fault[1], 1)}
         return base
 
     def is_ready(self) -> bool:
         rt = self.rt
         if not self.ready or rt is None or rt.state is not RuntimeState.RUNNING or self._stop.is_set():
             return False
-        return bool(rt.source.status().get("connected", True))
+        return bool(rt.source.status().get("connected", True)) and self.storage_fault() is None
 
     def _tick_age(self) -> float | None:
         if self.rt is None or not self.ready or self.rt.state is not RuntimeState.RUNNING:
             return None
         return time.monotonic() - max(self.rt.stats.last_tick, self._ready_mono)
 
+    def storage_fault(self) -> tuple[str, float] | None:
+        """The write failure the pipeline waits on (what, seconds failing), or None."""
+        rt = self.rt
+        if rt is None:
+            return None
+        now = time.time()
+        since = rt.stats.checkpoint_failing_since
+        if since is not None:
+            return f"checkpoint saves are failing: {rt.stats.checkpoint_error}", now - since
+        sink = rt.sink.status()
+        since = sink.get("failing_since")
+        if isinstance(since, float):
+            return f"landing writes are failing: {sink.get('last_write_error')}", now - since
+        return None
+
     def _healthz(self) -> Response:
         age = self._tick_age()
         if age is not None and age > STALL_AFTER_S:
             return Response(503, f"unhealthy: the pipeline loop has not ticked for {age:.0f}s\n".encode())
+        fault = self.storage_fault()
+        if fault is not None and fault[1] > STORAGE_UNHEALTHY_AFTER_S:
+            return Response(503, f"unhealthy for {fault[1]:.0f}s: {fault[0]}\n".encode())
         return Response(200, b"ok\n")
 
     def _readyz(self) -> Response:
         if self.is_ready():
             return Response(200, b"ready\n")
+        fault = self.storage_fault()
         state = self.rt.state.value if self.rt is not None else "idle"
         why = "stopping" if self._stop.is_set() else ("connecting to the source" if not self.ready else state)
+        if fault is not None and not self._stop.is_set():
+            why = f"{fault[0]} (for {fault[1]:.0f}s)"
         return Response(503, f"not ready: {why}\n".encode())
 
     # -- signals -------------------------------------------------------------------

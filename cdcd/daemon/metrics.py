@@ -41,6 +41,15 @@ def _counter(name: str, doc: str, value: Any) -> Iterator[Metric]:
         yield CounterMetricFamily(name, doc, value=number)
 
 
+def _failing(prefix: str, what: str, since: Any, now: float) -> Iterator[Metric]:
+    """``<prefix>_failing`` (0/1) and ``<prefix>_failing_seconds`` (how long, 0 while it works)."""
+    start = _num(since)
+    yield GaugeMetricFamily(f"{prefix}_failing", f"1 while {what} fail (retried until they succeed)",
+                            value=float(start is not None))
+    yield GaugeMetricFamily(f"{prefix}_failing_seconds", f"Seconds {what} have been failing without a success",
+                            value=0.0 if start is None else max(0.0, now - start))
+
+
 def metrics_from_status(
     status: Mapping[str, Any], *, ready: bool, now: float | None = None, monotonic_now: float | None = None
 ) -> list[Metric]:
@@ -72,8 +81,14 @@ def metrics_from_status(
                     "Events the source re-delivered on resume that the checkpoint already covered, dropped",
                     stats.get("events_skipped"))
     out += _counter("cdcd_batches_delivered", "Batches handed to the landing zone", stats.get("batches_delivered"))
-    out += _counter("cdcd_checkpoint_failures", "Checkpoint saves that failed (retried on the next ack)",
+    out += _counter("cdcd_checkpoint_failures", "Checkpoint saves that failed (retried on a timer until one succeeds)",
                     stats.get("checkpoint_failures"))
+    out += _failing("cdcd_checkpoint", "checkpoint saves", stats.get("checkpoint_failing_since"), now)
+    sink: Mapping[str, Any] = status.get("sink") or {}
+    out += _counter("cdcd_landing_write_failures", "Batches whose landing failed (disk full, I/O error); retried",
+                    sink.get("write_failures"))
+    if "write_failures" in sink:
+        out += _failing("cdcd_landing", "landing writes", sink.get("failing_since"), now)
     out += _counter("cdcd_source_reconnects", "Reconnects after transient source errors",
                     stats.get("source_reconnects"))
     out += _gauge("cdcd_batches_inflight", "Batches delivered and not yet checkpointed", stats.get("batches_inflight"))

@@ -63,6 +63,9 @@ def summary_line(status: Mapping[str, Any]) -> str:
         done = sum(1 for t in snapshot.values() if t.get("done"))
         rows = sum(int(t.get("rows") or 0) for t in snapshot.values())
         parts.append(f"snapshot {done}/{len(snapshot)} tables, {rows:,} rows")
+    fault: Mapping[str, Any] | None = status.get("storage_fault")
+    if fault:  # systemctl status shows why nothing moves
+        parts.append(f"PAUSED for {fault.get('failing_for_s')}s: {fault.get('error')}")
     return ", ".join(parts)
 
 
@@ -92,6 +95,8 @@ def progress_fields(status: Mapping[str, Any], rates: RateTracker) -> dict[str, 
     for key in ("slot_lag_bytes", "binlog_file", "binlog_pos"):
         if source.get(key) is not None:
             out[key] = source[key]
+    if status.get("storage_fault"):
+        out["storage_fault"] = status["storage_fault"]
     return out
 
 

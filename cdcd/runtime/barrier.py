@@ -3,7 +3,9 @@
 Batches are registered in seq order as they are delivered and acked in any
 order. Only the contiguous acked prefix is committable; it becomes committed
 once the caller has saved a checkpoint for it (``mark_durable``). A failed
-save leaves the prefix committable, so the next ack retries it. At most
+save leaves the prefix committable, so the runtime's retry timer saves it
+later (it cannot wait for the next ack: none may come once every slot is
+taken). At most
 ``max_inflight`` batches are registered and not yet durable: ``reserve`` waits
 for a free slot, which is how backpressure reaches the source.
 """

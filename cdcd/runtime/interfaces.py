@@ -137,3 +137,7 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop watching for acks and release resources."""
+
+    def status(self) -> dict[str, Any]:
+        """Sink-specific figures for /status, metrics and health (write failures)."""
+        return {}

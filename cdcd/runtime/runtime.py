@@ -11,6 +11,10 @@ Four tasks make the pipeline:
   bounded hand-off queue);
 * the acker receives acks, and for the contiguous acked prefix saves the
   checkpoint, then tells the source (``confirm``) and the sink (``committed``).
+  A save that fails (disk full, I/O error) is retried by its own timer task
+  with a capped backoff until it succeeds: the acks have all arrived already,
+  so waiting for the next one would wedge the barrier once every in-flight
+  slot is taken.
 
 ``start``/``stop``/``force_stop`` follow the state table of DESIGN.md
 section 2; ``stop`` and ``force_stop`` mirror asyncpg's ``close`` and
@@ -33,6 +37,7 @@ from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
 from cdcd.events import ChangeEvent, Item, Mark, RowBlock, event_count
 from cdcd.positions import Position
+from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.batcher import Batcher
 from cdcd.runtime.interfaces import Batch, ResumePoint, Sink, Source
@@ -40,7 +45,9 @@ from cdcd.runtime.state import RuntimeState
 
 __all__ = ["Runtime", "RuntimeState", "RuntimeStats"]
 
-_BACKOFF_START_S = 0.5
+#: Cap of the checkpoint save retry: a save is a few KB, so retrying often costs nothing and the
+#: pipeline resumes within seconds of the disk recovering.
+_CHECKPOINT_RETRY_MAX_S = 5.0
 
 
 @dataclass
@@ -59,6 +66,9 @@ class RuntimeStats:
     committed_position: str | None = None
     checkpoint_saved_at: float | None = None
     checkpoint_failures: int = 0
+    #: Wall-clock time of the first failure of the current run of failed saves; None while saves succeed.
+    checkpoint_failing_since: float | None = None
+    checkpoint_error: str | None = None
     source_reconnects: int = 0
     last_error: str | None = None
     last_tick: float = field(default_factory=time.monotonic)
@@ -125,6 +135,7 @@ class Runtime:
         self._batcher = Batcher(self.config.landing.max_batch_events, self.config.landing.max_batch_delay_ms / 1000)
         self._handoff: asyncio.Queue[Batch] = asyncio.Queue(maxsize=_handoff_capacity())
         self._batch_opened = asyncio.Event()
+        self.stats.checkpoint_failing_since = None  # a restart after a stop while saves failed starts afresh
         self.stats.events_committed = self._checkpoint.event_count
         self.stats.committed_batch_seq = self._checkpoint.batch_seq
         self.stats.committed_position = self._checkpoint.position.encoded if self._checkpoint.position else None
@@ -154,9 +165,12 @@ class Runtime:
             except TimeoutError:
                 self.state = RuntimeState.RUNNING  # reading stays paused; force_stop() may follow
                 pending = self._pending_events()
+                why = "batches not acknowledged yet"
+                if self.stats.checkpoint_failing_since is not None:
+                    why = f"the checkpoint cannot be saved: {self.stats.checkpoint_error}"
                 raise StateError(
                     f"{pending} uncommitted events remain after the {grace:g}s grace period "
-                    "(batches not acknowledged yet); call force_stop() to drop them, or wait and stop again"
+                    f"({why}); call force_stop() to drop them, or wait and stop again"
                 ) from None
         except asyncio.CancelledError:
             if self.state is RuntimeState.STOPPING:
@@ -200,8 +214,10 @@ class Runtime:
         ckpt = getattr(self, "_checkpoint", None)
         return {
             "state": self.state.value,
+            "checkpoint_failing": self.stats.checkpoint_failing_since is not None,
             "stats": asdict(self.stats),
             "source": self.source.status(),
+            "sink": self.sink.status(),
             "checkpoint": None if ckpt is None else {
                 "save_id": ckpt.save_id,
                 "saved_at": ckpt.saved_at,
@@ -220,28 +236,38 @@ class Runtime:
     # -- pipeline tasks -----------------------------------------------------------------
 
     async def _read(self) -> None:
-        delay = _BACKOFF_START_S
+        retry = source_backoff(self.config, f"reading the {self.source.kind} source")
+        reconnect = False
         while True:
             try:
-                await self._read_stream()
+                if reconnect:
+                    # Inside the try: a reconnect that fails (server still down) is retried like the error before it.
+                    self.source.terminate()
+                    await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
+                await self._read_stream(retry)
                 break
             except SourceError as exc:
                 if exc.fatal:
                     raise
+                delay = retry.failure(exc)  # raises SourceFatal once runtime.source_retry_timeout_s is spent
+                reconnect = True
                 self.stats.last_error = str(exc)
                 self.stats.source_reconnects += 1
-                self._log.warning("source error, reconnecting", error=str(exc), retry_in_s=round(delay, 2))
+                self._log.warning("source error, reconnecting", error=str(exc), retry_in_s=round(delay, 2),
+                                  attempt=retry.attempts, failing_for_s=round(retry.failed_for_s(), 1))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.runtime.reconnect_max_s)
-                self.source.terminate()
-                await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
         # The source ended (snapshot.mode = initial_only): land the rest and stop gracefully.
         self._log.info("source stream ended; stopping after the last batch is committed")
         asyncio.get_running_loop().create_task(self._stop_after_end())
 
-    async def _read_stream(self) -> None:
+    async def _read_stream(self, retry: Backoff) -> None:
         batcher, stats, opened = self._batcher, self.stats, self._batch_opened
+        recovering = retry.attempts > 0
         async for item in self.source.stream():
+            if recovering:  # the source delivers again: the outage is over
+                recovering = False
+                retry.success()
+                self._log.info("source recovered", reconnects=stats.source_reconnects)
             if isinstance(item, ChangeEvent | RowBlock):
                 rows = event_count(item)
                 if not item.snapshot:
@@ -302,7 +328,7 @@ class Runtime:
                 self._handoff.task_done()
 
     async def _deliver_with_retry(self, batch: Batch) -> None:
-        delay = _BACKOFF_START_S
+        retry = Backoff(max_s=self.config.runtime.reconnect_max_s)  # no budget: landing waits for the space
         while True:
             try:
                 await self.sink.deliver(batch)
@@ -311,10 +337,10 @@ class Runtime:
                 if exc.fatal:
                     raise
                 self.stats.last_error = str(exc)
+                delay = retry.failure(exc)
                 self._log.warning("landing the batch failed, retrying", batch=batch.seq, error=str(exc),
                                   retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.runtime.reconnect_max_s)
 
     async def _ack(self) -> None:
         async for seq in self.sink.acks():
@@ -323,12 +349,23 @@ class Runtime:
         # Only close() ends the acks; ending while running would silently stall the pipeline.
         raise SinkError("the sink stopped acknowledging batches while the runtime was running")
 
-    async def _commit(self) -> None:
-        """Checkpoint the contiguous acked prefix, then tell the source and the sink."""
+    async def _retry_checkpoint(self) -> None:
+        """Retry a failed checkpoint save on a timer until it succeeds (no further ack may ever come)."""
+        retry = Backoff(max_s=min(_CHECKPOINT_RETRY_MAX_S, self.config.runtime.reconnect_max_s))
+        while True:
+            await asyncio.sleep(retry.failure(CheckpointError("checkpoint save failed")))
+            if await self._commit():
+                return
+
+    async def _commit(self) -> bool:
+        """Checkpoint the contiguous acked prefix, then tell the source and the sink.
+
+        False when the save failed: the prefix stays committable and the retry timer runs.
+        """
         async with self._commit_lock:
             batches = self._barrier.committable()
             if not batches:
-                return
+                return True
             items = [item for batch in batches for item in batch.items]
             state = self.source.fold(self._source_state, items)
             last = batches[-1]
@@ -350,10 +387,11 @@ class Runtime:
             try:
                 ckpt = await asyncio.to_thread(self.store.save, ckpt)
             except CheckpointError as exc:
-                self.stats.checkpoint_failures += 1
-                self.stats.last_error = str(exc)
-                self._log.error("checkpoint save failed; the next ack retries", error=str(exc), batch=last.seq)
-                return
+                if exc.fatal:
+                    raise
+                self._save_failed(exc, last.seq, sum(b.event_count for b in batches))
+                return False
+            self._save_succeeded()
             self._checkpoint, self._source_state = ckpt, state
             await self._barrier.mark_durable(batches)
             self._count_committed(batches, ckpt)
@@ -367,6 +405,33 @@ class Runtime:
                 # Retention is housekeeping: the data is safe, the next commit tries again.
                 self.stats.last_error = str(exc)
                 self._log.warning("landing retention failed; retried at the next commit", error=str(exc))
+            return True
+
+    def _save_failed(self, exc: CheckpointError, batch: int, events: int) -> None:
+        """Count and report a failed save and make sure the retry timer runs."""
+        stats = self.stats
+        stats.checkpoint_failures += 1
+        stats.checkpoint_error = stats.last_error = str(exc)
+        now, since = time.time(), stats.checkpoint_failing_since
+        first = since is None
+        if since is None:
+            since = stats.checkpoint_failing_since = now
+        retry = self._tasks.get("checkpoint-retry")
+        if retry is None or retry.done():
+            self._spawn("checkpoint-retry", self._retry_checkpoint())
+        # The first failure is an error, the retries (every few seconds at most, once the slots are full) warnings.
+        log = self._log.error if first else self._log.warning
+        log("checkpoint save failed; retrying on a timer, reading is paused once the in-flight batches are full",
+            error=str(exc), batch=batch, uncommitted_events=events, failures=stats.checkpoint_failures,
+            failing_for_s=round(now - since, 1))
+
+    def _save_succeeded(self) -> None:
+        stats = self.stats
+        if stats.checkpoint_failing_since is not None:
+            self._log.warning("checkpoint saves work again; the pipeline resumes",
+                              failed_for_s=round(time.time() - stats.checkpoint_failing_since, 1),
+                              failures=stats.checkpoint_failures)
+            stats.checkpoint_failing_since = None
 
     def _count_committed(self, batches: list[Batch], ckpt: Checkpoint) -> None:
         stats = self.stats
@@ -424,7 +489,7 @@ class Runtime:
         await self._handoff.join()
         while self._barrier.inflight:
             if self._barrier.committable():
-                await self._commit()  # retries a save that failed earlier
+                await self._commit()  # a save that fails is retried here each second, and by the timer
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._barrier.wait_drained(), 1.0)
 

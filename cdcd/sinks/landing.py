@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
 from cdcd.events import ChangeEvent, RowBlock, TableId, TableSchema
-from cdcd.fsutil import fsync_dir, write_durably
+from cdcd.fsutil import fsync_dir, storage_fix, write_durably
 from cdcd.runtime.interfaces import Batch, Sink
 from cdcd.sinks import layout
 from cdcd.sinks.arrow import block_to_table, describe_schema, events_to_table
@@ -196,12 +196,30 @@ class LandingWriter:
         write_durably(manifests / layout.manifest_name(manifest["batch_seq"]), canonical(manifest))
 
     def land(self, batch: Batch) -> dict[str, Any]:
-        manifest = self.stage(batch)
-        self.publish(manifest)
+        try:
+            manifest = self.stage(batch)
+            self.publish(manifest)
+        except OSError:
+            self.discard(batch.seq)
+            raise
         # Arrow's allocator keeps freed memory per thread for reuse; hand it back so that RSS follows
         # the data in flight rather than the high-water mark of every thread that ever parsed a chunk.
         pa.default_memory_pool().release_unused()
         return manifest
+
+    def discard(self, seq: int) -> None:
+        """Remove what a failed landing of batch ``seq`` left: its temp files, and its data files
+        unless its manifest made it visible. Frees the space a retry needs (disk full)."""
+        manifests, data, _ = self.dirs
+        visible = (manifests / layout.manifest_name(seq)).exists()
+        prefix = f".{seq:020d}"
+        with contextlib.suppress(OSError):  # best effort: the retry and open() remove what is left
+            for d in (data, manifests):
+                for entry in os.scandir(d):
+                    temp = layout.is_temp(entry.name) and entry.name.startswith(prefix)
+                    orphan = not visible and d is data and layout.data_seq(entry.name) == seq
+                    if temp or orphan:
+                        os.unlink(entry.path)
 
     def consumed(self, seqs: set[int]) -> set[int]:
         _, _, consumed = self.dirs
@@ -250,6 +268,10 @@ class LandingSink(Sink):
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
         self.landed_seq = 0
+        # Write failures for /status, metrics and health: the runtime retries the batch meanwhile.
+        self.write_failures = 0
+        self.failing_since: float | None = None
+        self.last_write_error: str | None = None
 
     async def open(self) -> int:
         # A sink may be opened again after close() (the runtime restarts from stopped): start afresh.
@@ -276,7 +298,16 @@ class LandingSink(Sink):
         try:
             await asyncio.to_thread(self._writer.land, batch)
         except OSError as exc:
-            raise SinkError(f"landing zone {self.path}: batch {batch.seq} could not be landed: {exc}") from exc
+            self.write_failures += 1
+            self.failing_since = self.failing_since or time.time()
+            where = exc.filename or self.path
+            self.last_write_error = (
+                f"landing zone {self.path}: batch {batch.seq} could not be landed ({where}: "
+                f"{exc.strerror or exc}); {storage_fix(exc)}. Nothing of the batch is visible and the "
+                "checkpoint did not move; the batch is retried until it lands"
+            )
+            raise SinkError(self.last_write_error) from exc
+        self.failing_since = None
         self.landed_seq = batch.seq
         if self.ack == "landed":
             self._acks.put_nowait(batch.seq)
@@ -304,6 +335,15 @@ class LandingSink(Sink):
             await asyncio.to_thread(self._writer.expire, batch_seq, self.retention_s, time.time())
         except OSError as exc:
             raise SinkError(f"landing zone {self.path}: retention cleanup failed: {exc}") from exc
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "landed_seq": self.landed_seq,
+            "write_failures": self.write_failures,
+            "failing_since": self.failing_since,
+            "last_write_error": self.last_write_error,
+        }
 
     async def close(self) -> None:
         self._closed = True

@@ -114,3 +114,29 @@ async def test_http_port_in_use_is_a_config_error() -> None:
             await HttpServer("127.0.0.1", first.port, {}).start()
     finally:
         await first.close()
+
+
+def test_metrics_report_failing_checkpoint_saves_and_landing_writes() -> None:
+    doc = _status(100)
+    registry = make_registry(lambda: doc, lambda: False)
+    fine = _samples(render(registry).decode())
+    assert fine[("cdcd_checkpoint_failing", ())] == 0 and fine[("cdcd_checkpoint_failing_seconds", ())] == 0
+    doc["stats"].update(checkpoint_failures=3, checkpoint_failing_since=time.time() - 40)
+    doc["sink"] = {"write_failures": 2, "failing_since": time.time() - 5}
+    failing = _samples(render(registry).decode())
+    assert failing[("cdcd_checkpoint_failures_total", ())] == 3
+    assert failing[("cdcd_checkpoint_failing", ())] == 1
+    assert 40 <= failing[("cdcd_checkpoint_failing_seconds", ())] < 3600
+    assert failing[("cdcd_landing_write_failures_total", ())] == 2
+    assert failing[("cdcd_landing_failing", ())] == 1
+    assert 5 <= failing[("cdcd_landing_failing_seconds", ())] < 3600
+
+
+def test_status_line_and_progress_log_name_a_storage_fault() -> None:
+    from cdcd.daemon.progress import RateTracker, progress_fields, summary_line
+
+    doc = _status(100)
+    assert "PAUSED" not in summary_line(doc)
+    doc["storage_fault"] = {"error": "checkpoint saves are failing: disk full", "failing_for_s": 12.0}
+    assert "PAUSED for 12.0s: checkpoint saves are failing: disk full" in summary_line(doc)
+    assert progress_fields(doc, RateTracker())["storage_fault"] == doc["storage_fault"]

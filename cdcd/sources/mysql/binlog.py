@@ -27,11 +27,15 @@ from pymysqlreplication import row_event as rows
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Item, Mark
+from cdcd.sockets import keepalive
 from cdcd.sources.mysql.decode import Decoder
+from cdcd.sources.mysql.failures import TRANSIENT_CODES
 from cdcd.sources.mysql.tls import Tls
 
 IDLE_MARK_INTERVAL_S = 1.0  # how often progress over uncaptured transactions reaches the checkpoint
-HEARTBEAT_S = 1.0
+HEARTBEAT_S = 1.0  # MASTER_HEARTBEAT_PERIOD asked of the server: an idle dump still sends something this often
+#: The stall detector: no event and no heartbeat for this long (several heartbeat periods) means a dead path.
+STALL_S = 10.0
 
 _EVENTS = [
     bl.QueryEvent, bl.RotateEvent, bl.FormatDescriptionEvent, bl.XidEvent, bl.GtidEvent, bl.MariadbGtidEvent,
@@ -136,7 +140,8 @@ def classify(exc: BaseException, where: str) -> BaseException:
         if code in (1045, 1044, 1227, 1142):
             return SourceFatal(f"binlog connection refused ({code}: {msg}); grant the cdc user REPLICATION SLAVE, "
                                "REPLICATION CLIENT and SELECT, and check the password")
-        return SourceError(f"binlog connection lost at {where} ({code}: {msg}); reconnecting")
+        what = "server unavailable" if code in TRANSIENT_CODES else "binlog connection lost"
+        return SourceError(f"{what} at {where} ({code}: {msg}); reconnecting")
     if isinstance(exc, OSError | pymysql.err.Error | EOFError):
         return SourceError(f"binlog connection lost at {where}: {exc!r}; reconnecting")
     return SourceFatal(f"cannot decode the binlog at {where}: {exc!r}")
@@ -162,6 +167,7 @@ class BinlogReader:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.events_read = 0
+        self.last_read = time.monotonic()  # when the last event or heartbeat arrived: names a stall
         self.thread_ids: list[int] = []  # server connection ids, to end the dump thread on close
 
     def _connect(self, **kwargs: Any) -> pymysql.connections.Connection:
@@ -170,8 +176,15 @@ class BinlogReader:
                 raise Stopped
             if len(self._conns) >= 2:
                 # the library reconnects silently from its own idea of the position; we restart instead
+                idle = time.monotonic() - self.last_read
+                if idle >= STALL_S * 0.9:
+                    raise SourceError(
+                        f"no binlog event and no heartbeat for {idle:.0f}s (heartbeats asked every {HEARTBEAT_S:g}s, "
+                        f"read timeout {STALL_S:g}s): the connection is taken for dead; reconnecting from the last "
+                        "delivered transaction")
                 raise SourceError("binlog connection lost; reconnecting from the last delivered transaction")
             conn = self.tls.connect_blocking(**kwargs) if self.tls is not None else pymysql.connect(**kwargs)
+            keepalive(getattr(conn, "_sock", None))
             self._conns.append(conn)
             self.thread_ids.append(int(conn.thread_id()))
             return conn
@@ -207,6 +220,7 @@ class BinlogReader:
                 if self.channel.stopping:
                     break
                 self.events_read += 1
+                self.last_read = time.monotonic()
                 if type(ev) is bl.HeartbeatLogEvent:
                     if held is not None and time.monotonic() - last_sent >= IDLE_MARK_INTERVAL_S:
                         self.channel.put_many([held])
@@ -223,6 +237,11 @@ class BinlogReader:
                     held = None
                 self.channel.put_many(items)
                 last_sent = time.monotonic()
+            if not self.channel.stopping:
+                # A blocking dump never ends by itself: the server sent EOF (it is shutting down, or RESET MASTER
+                # removed the binlog being read). Never a clean end: reconnect, which checks the server's binlog.
+                raise SourceError(f"the server ended the binlog dump at {self.decoder.file}:"
+                                  f"{self.decoder.tx_start or ''} (a shutdown, or its binlog was reset); reconnecting")
         except Stopped:
             pass
         except BaseException as exc:

@@ -74,8 +74,10 @@ def event_start(ev: Any) -> int:
 class Decoder:
     """Turns the binlog event sequence of one connection into items."""
 
-    def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str) -> None:
+    def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str,
+                 epoch: int = 0) -> None:
         self.flavor = flavor
+        self.epoch = epoch  # the server epoch of every position (cdcd.positions.MySqlPosition)
         self.tables = tables
         self.history = history
         self.file = file
@@ -96,7 +98,7 @@ class Decoder:
     def _pos(self) -> MySqlPosition:
         self.seq += 1
         assert self.tx_start is not None
-        return MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text)
+        return MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text, self.epoch)
 
     def _begin(self, ev: Any, gtid: tuple[Any, ...] | None, standalone: bool, explicit: bool) -> None:
         self.tx_start = event_start(ev)
@@ -127,7 +129,7 @@ class Decoder:
                 self.gtid.add(g[0], g[1])
             self._gtid_text = str(self.gtid)
         self.seq += 1
-        pos = MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text)
+        pos = MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text, self.epoch)
         mark = Mark("commit", pos, {"events": self.tx_events, "tx": self.tx_id, "next_pos": int(ev.packet.log_pos)})
         self.tx_start = None
         self.tx_gtid = None

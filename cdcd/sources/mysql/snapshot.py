@@ -33,6 +33,8 @@ import pyarrow as pa
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Column, Item, Mark, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
+from cdcd.sockets import keepalive_transport
+from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import Converter, arrow_type, normalize_source_type, snapshot_converter, to_query_param
@@ -130,6 +132,7 @@ async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> a
         if tls_exc is not None:
             raise tls_exc from exc
         raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {exc}") from exc
+    keepalive_transport(getattr(getattr(conn, "_writer", None), "transport", None))
     async with conn.cursor() as cur:
         await cur.execute("SET SESSION time_zone = '+00:00'")
         await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -176,8 +179,10 @@ class Snapshotter:
     """Reads the tasks' rows at one watermark and yields items (rows, table-done and schema marks)."""
 
     def __init__(self, settings: dict[str, Any], flavor: str, parallelism: int, chunk_rows: int,
-                 history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None) -> None:
+                 history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None,
+                 read_timeout_s: float = 300.0) -> None:
         self.settings = settings
+        self.read_timeout_s = read_timeout_s  # each query, each chunk included, ends within this
         self.tls = tls
         self.history = history
         self.flavor = flavor
@@ -189,8 +194,12 @@ class Snapshotter:
 
     async def open(self) -> Watermark:
         """Connect and open the consistent snapshot; returns its binlog position."""
-        self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
-        wm, shared = await begin_consistent(self._conns, self.flavor)
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
+                wm, shared = await begin_consistent(self._conns, self.flavor)
+        except Exception as exc:
+            raise query_error(exc, f"opening the snapshot on {self._where}") from exc
         for c in self._conns[shared:]:
             c.close()
         self._conns = self._conns[:shared]
@@ -215,6 +224,8 @@ class Snapshotter:
                         await queue.put(chunk)
                 await _execute(conn, "COMMIT")  # ends the snapshot: releases its metadata locks and undo
                 await queue.put(None)
+            except Exception as exc:  # connection loss, a server restart: transient, the runtime resumes
+                await queue.put(query_error(exc, f"snapshot on {self._where}"))
             except BaseException as exc:
                 await queue.put(exc)
 
@@ -239,10 +250,11 @@ class Snapshotter:
     async def _read_table(self, conn: aiomysql.Connection, task: SnapshotTask,
                           at: MySqlPosition) -> AsyncIterator[list[Item]]:
         table = task.table
-        schema, pk = await load_table_schema(conn, table)
+        async with asyncio.timeout(self.read_timeout_s):
+            schema, pk = await load_table_schema(conn, table)
         schema = self.history.record(at, schema)
         prog = self.progress[str(table)]
-        async with conn.cursor() as cur:
+        async with asyncio.timeout(self.read_timeout_s), conn.cursor() as cur:
             await cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
                               "AND TABLE_NAME = %s", (table.schema, table.name))
             est = await cur.fetchone()
@@ -264,7 +276,7 @@ class Snapshotter:
                 sql = f"{select}{where} ORDER BY {', '.join(quote_ident(k) for k in pk)} LIMIT {self.chunk_rows}"
             else:
                 sql, params = select, []
-            async with conn.cursor() as cur:
+            async with asyncio.timeout(self.read_timeout_s), conn.cursor() as cur:
                 await cur.execute(sql, params)
                 raw = await cur.fetchall()
             prog.rows += len(raw)
@@ -277,10 +289,14 @@ class Snapshotter:
         prog.done = True
         yield [Mark("snapshot_table_done", at, {"table": str(table)})]
 
+    @property
+    def _where(self) -> str:
+        return f"{self.flavor} {self.settings['host']}:{self.settings['port']}"
+
     async def close(self) -> None:
         for c in self._conns:
             with contextlib.suppress(Exception):
-                await c.ensure_closed()
+                await asyncio.wait_for(c.ensure_closed(), 5)
         self._conns = []
 
     def terminate(self) -> None:

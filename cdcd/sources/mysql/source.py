@@ -7,13 +7,20 @@ then the binlog from the watermark or the checkpoint's transaction.
 
 Durable state (what ``fold`` returns):
 ``{"snapshot": {"watermark": pos, "tables": {"db.t": {"last_key": [...],
-"done": bool}}, "done": bool}, "schemas": SchemaHistory JSON}``.
+"done": bool}}, "done": bool}, "schemas": SchemaHistory JSON,
+"server": {"server_id": int, "uuid": str, "epoch": int}, "inside_tx": true}``
+(``inside_tx``: present when the checkpoint's position is inside a transaction).
+
+``server`` is the identity of the server the positions belong to and their
+epoch (``identity.py``): a failover to another server with the checkpoint's
+GTIDs continues in the next epoch; a server whose binlog went back is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -21,15 +28,19 @@ from datetime import UTC
 from typing import Any
 
 import aiomysql
+import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock, TableId, snapshot_truncates
 from cdcd.positions import MySqlPosition, Position, position_from_json
+from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
-from cdcd.sources.mysql.binlog import BinlogReader, Channel, StartPoint
+from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
 from cdcd.sources.mysql.decode import Decoder
+from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
+from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
 from cdcd.sources.mysql.snapshot import (
@@ -43,7 +54,18 @@ from cdcd.sources.mysql.snapshot import (
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import key_from_json, key_to_json
 
+log = structlog.get_logger("cdcd.source.mysql")
+
+HISTORY_CHECK_S = 5.0  # while streaming, how often the server's binlog is checked against the last position
+
 QUEUE_ITEMS = 20000  # decoded items buffered ahead of the runtime; the binlog reader waits beyond
+
+LOST_FIX = (
+    "The changes since are lost to cdcd and the mirror cannot be brought up to date from this binlog. Re-snapshot: "
+    "stop cdcd (`cdcd stop -c CONFIG`), move the state directory (state.path) and the landing zone (landing.path) "
+    "aside, start again with snapshot.mode = \"initial\" and let `cdcd spark run` write to a fresh --target; or set "
+    "snapshot.mode = \"when_needed\" to re-snapshot automatically (see docs/operations.md, Faults)."
+)
 
 RESNAPSHOT_FIX = (
     "Re-snapshot: stop cdcd, remove the state directory (state.path) and the landing zone and start again with "
@@ -92,7 +114,17 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             history.add_entry(item.position, schema_from_json(table, item.detail["schema"]))
         elif kind == "stream_start":
             new["stream_start"] = item.position.to_json()
+        elif kind == "server":
+            new["server"] = dict(item.detail)
     _flush_keys(tables, last)
+    if items:
+        # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
+        # a partly delivered transaction, whose delivered items must then be skipped
+        tail = items[-1]
+        if (type(tail) is ChangeEvent and not tail.snapshot) or (type(tail) is Mark and tail.kind in ("schema", "ddl")):
+            new["inside_tx"] = True
+        else:
+            new.pop("inside_tx", None)
     if snap is not None:
         snap["tables"] = tables
         new["snapshot"] = snap
@@ -110,6 +142,10 @@ def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent |
 
 
 # ------------------------------------------------------------------ the source
+
+class Replan(SourceError):
+    """The stream's position is lost and snapshot.mode = when_needed: the runtime reconnects, which re-plans."""
+
 
 @dataclass
 class _Plan:
@@ -150,6 +186,14 @@ class MySqlSource(Source):
         self._last_emitted: MySqlPosition | None = None
         self._lag_ms: float | None = None
         self._closing = False
+        self._reconnects = 0  # binlog reconnects inside stream(), for /status
+        self._last_error: str | None = None
+        self._epoch = 0  # the position epoch of the server streamed from (cdcd.positions.MySqlPosition)
+        self._server: dict[str, Any] | None = None  # its identity, as recorded in the checkpoint
+        self._server_due: dict[str, Any] | None = None  # an identity the checkpoint does not have yet
+        self._last_was_commit = True  # the last emitted item was a commit Mark (not inside a transaction)
+        self._resend_skip: tuple[str, int] | None = None  # (GTID set, seq): resent items of a partial transaction
+        self._resume_pos: MySqlPosition | None = None  # where the binlog stream (re)started from
 
     # ------------------------------------------------------------ connect
     @property
@@ -162,8 +206,10 @@ class MySqlSource(Source):
 
     def _binlog_settings(self) -> dict[str, Any]:
         s = self.settings
+        # The read timeout is the stall detector: the server sends a heartbeat every HEARTBEAT_S when idle.
         return {"host": s["host"], "port": s["port"], "user": s["user"], "password": s["password"],
-                "charset": "utf8mb4", "connect_timeout": s["connect_timeout"]}
+                "charset": "utf8mb4", "connect_timeout": s["connect_timeout"], "read_timeout": STALL_S,
+                "write_timeout": STALL_S}
 
     async def _control(self) -> aiomysql.Connection:
         if self._ctl is None or self._ctl.closed:
@@ -178,24 +224,63 @@ class MySqlSource(Source):
                 raise
         return self._ctl
 
-    async def _query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
+    async def _query(self, sql: str, args: Any = None, timeout: float | None = None) -> list[tuple[Any, ...]]:
+        """One query on the control connection, bounded by ``timeout`` (default runtime.source_read_timeout_s).
+        A failure drops the connection (the next query opens a new one) and raises a classified SourceError."""
         conn = await self._control()
-        async with conn.cursor() as cur:
-            await cur.execute(sql, args)
-            return list(await cur.fetchall())
+        try:
+            async with asyncio.timeout(timeout or self.config.runtime.source_read_timeout_s):
+                async with conn.cursor() as cur:
+                    await cur.execute(sql, args)
+                    return list(await cur.fetchall())
+        except Exception as exc:
+            conn.close()
+            self._ctl = None
+            raise query_error(exc, f"query on {self._where}") from exc
+
+    @property
+    def _where(self) -> str:
+        return f"{self.flavor} {self.settings['user']}@{self.settings['host']}:{self.settings['port']}"
 
     async def _variables(self) -> dict[str, str]:
         rows = await self._query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_bin', 'binlog_format', 'binlog_row_image', "
             "'binlog_row_metadata', 'server_id', 'gtid_mode', 'gtid_binlog_pos', 'gtid_purged', 'version', "
-            "'log_bin_compress', 'binlog_transaction_compression', 'binlog_row_value_options')")
+            "'log_bin_compress', 'server_uuid', 'gtid_executed', 'binlog_transaction_compression', "
+            "'binlog_row_value_options')")
         return {str(k).lower(): str(v) for k, v in rows}
 
-    async def _binlog_files(self) -> list[str]:
-        return [str(r[0]) for r in await self._query("SHOW BINARY LOGS")]
+    async def _server_facts(self, v: dict[str, str] | None = None) -> BinlogFacts:
+        """The server's identity, GTID set and binlog files; a dead control connection is a transient error."""
+        try:
+            if v is None:
+                v = await self._variables()
+            logs = await self._query("SHOW BINARY LOGS")
+        except (aiomysql.Error, OSError) as exc:
+            await self._drop_control()
+            raise SourceError(f"{self.settings['host']}:{self.settings['port']}: reading the server's identity "
+                              f"failed: {exc!r}; reconnecting") from exc
+        flavor = "mariadb" if "mariadb" in v.get("version", "").lower() else "mysql"
+        return BinlogFacts(
+            flavor=flavor, server_id=int(v.get("server_id") or 0), uuid=v.get("server_uuid", ""),
+            gtid=v.get("gtid_binlog_pos" if flavor == "mariadb" else "gtid_executed", ""),
+            gtid_mode=v.get("gtid_mode", "OFF").upper() == "ON",
+            binlogs=[(str(r[0]), int(r[1])) for r in logs])
+
+    async def _drop_control(self) -> None:
+        if self._ctl is not None:
+            with contextlib.suppress(Exception):
+                self._ctl.close()
+            self._ctl = None
 
     async def connect(self, resume: ResumePoint) -> None:
         self._closing = False
+        try:
+            await self._connect(resume)
+        except Exception as exc:
+            raise query_error(exc, f"connecting to {self._where}") from exc
+
+    async def _connect(self, resume: ResumePoint) -> None:
         v = await self._variables()
         self.version = v.get("version", "")
         self.flavor = "mariadb" if "mariadb" in self.version.lower() else "mysql"
@@ -219,27 +304,44 @@ class MySqlSource(Source):
         return bool(gtid) and (self.flavor == "mariadb" or self.gtid_mode)
 
     def _start_at(self, pos: MySqlPosition) -> StartPoint:
+        if not pos.file or pos.epoch < self._epoch:
+            # a position of an earlier server (before a failover), or an epoch's start: its GTID set locates it
+            return StartPoint("", 0, pos.gtid, True)
         return StartPoint(pos.file, pos.pos, pos.gtid, self._gtid_usable(pos.gtid))
+
+    def _stamp(self, pos: MySqlPosition) -> MySqlPosition:
+        """A position read from the server now (a watermark) in the current epoch."""
+        return dataclasses.replace(pos, epoch=self._epoch)
 
     async def _make_plan(self, resume: ResumePoint, v: dict[str, str]) -> _Plan:
         mode = self.config.snapshot.mode
         state = resume.state
         snap = state.get("snapshot")
+        facts = await self._server_facts(v)
+        recorded: dict[str, Any] | None = self._server or state.get("server")
+        ckpt_epoch = resume.position.epoch if isinstance(resume.position, MySqlPosition) else 0
+        self._epoch = max(self._epoch, int((recorded or {}).get("epoch", 0)), ckpt_epoch)
+        self._server_due = None
         if resume.position is None and not snap:
+            self._adopt(facts, None)
             if mode == "never":
-                wm = await self._current_position()
-                start = self._start_at(wm.position())
-                return _Plan(start=start, announce=[Mark("stream_start", wm.position(), {})])
+                wm = self._stamp((await self._current_position()).position())
+                start = self._start_at(wm)
+                return _Plan(start=start, announce=[Mark("stream_start", wm, {}), *self._server_marks(wm)])
             return self._fresh_snapshot_plan(mode)
-        files = await self._binlog_files()
         if snap and not snap.get("done"):
             wm_pos = position_from_json(snap["watermark"])
             assert isinstance(wm_pos, MySqlPosition)
-            if wm_pos.file not in files:
-                return self._purged(wm_pos, files, mode, "the interrupted snapshot's watermark")
+            verdict = self._judge(facts, recorded, wm_pos, "the interrupted snapshot's watermark")
+            if verdict is None:
+                return self._purged(wm_pos, facts, mode, "the interrupted snapshot's watermark")
+            if isinstance(verdict, str):
+                return self._lost(verdict, mode, facts)
+            self._adopt(facts, verdict)
             tasks = [SnapshotTask(TableId.parse(t), key_from_json(e["last_key"]) if e.get("last_key") else None)
                      for t, e in sorted((snap.get("tables") or {}).items()) if not e.get("done")]
-            return _Plan(snapshot_tasks=tasks, watermark=wm_pos, stream=mode != "initial_only")
+            return _Plan(snapshot_tasks=tasks, watermark=wm_pos, stream=mode != "initial_only",
+                         announce=self._server_marks(self._mark_at(wm_pos)))
         if mode == "initial_only" and snap and snap.get("done"):
             return _Plan(stream=False)
         pos = resume.position
@@ -248,26 +350,138 @@ class MySqlSource(Source):
         if not isinstance(pos, MySqlPosition):
             raise SourceFatal(f"the checkpoint position {pos} is not a MySQL binlog position: this state directory "
                               "belongs to another kind of source; point state.path at a fresh directory")
-        if pos.file not in files:
-            return self._purged(pos, files, mode, "the checkpoint")
+        if self._last_emitted is not None and self._last_emitted > pos:
+            # a reconnect of this process: the runtime holds everything emitted so far, resume after it
+            pos = self._last_emitted
+        else:
+            self._last_was_commit = not state.get("inside_tx", False)
+        what = "the checkpoint"
+        verdict = self._judge(facts, recorded, pos, what)
+        if verdict is None:
+            return self._purged(pos, facts, mode, what)
+        if isinstance(verdict, str):
+            return self._lost(verdict, mode, facts)
         if self.flavor == "mysql" and self.gtid_mode and pos.gtid:
             check_not_purged("mysql", pos.gtid, v.get("gtid_purged", ""))
-        return _Plan(start=self._start_at(pos))
+        self._adopt(facts, verdict)
+        self._arm_resend_skip(pos)
+        self._resume_pos = pos
+        return _Plan(start=self._start_at(pos), announce=self._server_marks(self._mark_at(pos)))
+
+    def _judge(self, facts: BinlogFacts, recorded: dict[str, Any] | None, pos: MySqlPosition,
+               what: str) -> Verdict | str | None:
+        """judge(), with its refusals as values: None = the binlog file was purged, str = the position is lost."""
+        try:
+            return judge(facts, recorded, self._epoch, pos, what)
+        except PurgedFile:
+            return None
+        except PositionLost as exc:
+            return str(exc)
+
+    def _adopt(self, facts: BinlogFacts, verdict: Verdict | None) -> None:
+        """From now on positions belong to this server, in the verdict's epoch; record that in the checkpoint."""
+        if verdict is not None and verdict.switched:
+            log.warning("the source server changed; following it by GTID in a new position epoch",
+                        server=facts.describe(), epoch=verdict.epoch)
+            self._epoch = verdict.epoch
+        identity = facts.identity(self._epoch)
+        if identity != self._server:
+            self._server_due = identity
+        self._server = identity
+
+    def _server_marks(self, at: MySqlPosition) -> list[Item]:
+        """The Mark that records the server identity in the checkpoint, when it changed."""
+        if self._server_due is None:
+            return []
+        identity, self._server_due = self._server_due, None
+        return [Mark("server", at, identity)]
+
+    def _mark_at(self, pos: MySqlPosition) -> MySqlPosition:
+        """Where the server Mark sits: ``pos`` itself, or the start of the new epoch after a switch."""
+        if pos.epoch < self._epoch:
+            return MySqlPosition.epoch_start(self._epoch, pos.gtid)
+        return pos
+
+    def _arm_resend_skip(self, pos: MySqlPosition) -> None:
+        """Resuming by GTID on another server re-sends the transaction ``pos`` is inside of: skip its items up to
+        ``pos`` (they carry the GTID set before it and the same seq numbers, which the binlog alone defines)."""
+        partial = pos.epoch < self._epoch and pos.file and not self._last_was_commit and pos.seq > 0
+        self._resend_skip = (pos.gtid, pos.seq) if partial else None
+
+    def _lost(self, problem: str, mode: str, facts: BinlogFacts) -> _Plan:
+        if mode == "when_needed":
+            log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
+                        problem=problem)
+            return self._resnapshot_plan(mode, facts)
+        raise SourceFatal(f"{problem}. {LOST_FIX}")
+
+    def _resnapshot_plan(self, mode: str, facts: BinlogFacts) -> _Plan:
+        """A new snapshot replacing a lost position: a new epoch on this server, so its rows and the changes after
+        it sort above everything landed before."""
+        self.history = SchemaHistory()
+        self._epoch += 1
+        self._adopt(facts, None)
+        return self._fresh_snapshot_plan(mode)
 
     def _fresh_snapshot_plan(self, mode: str) -> _Plan:
         tasks = [SnapshotTask(t) for t in sorted(self.tables)]
         return _Plan(snapshot_tasks=tasks, fresh_snapshot=True, stream=mode != "initial_only")
 
-    def _purged(self, pos: MySqlPosition, files: list[str], mode: str, what: str) -> _Plan:
+    def _purged(self, pos: MySqlPosition, facts: BinlogFacts, mode: str, what: str) -> _Plan:
         if mode == "when_needed":
-            self.history = SchemaHistory()
-            return self._fresh_snapshot_plan(mode)
+            return self._resnapshot_plan(mode, facts)
+        files = facts.files
         oldest = files[0] if files else "(none)"
         raise SourceFatal(
             f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
             f"the server (purged; the oldest binlog is {oldest}): the changes since then are lost to cdcd. "
             + RESNAPSHOT_FIX
         )
+
+    async def _reconnect_point(self, fallback: StartPoint) -> tuple[StartPoint, list[Item]]:
+        """Before a reconnect of the binlog stream: check that the server (maybe another one after a failover)
+        still has the last delivered position; where to start and the Marks to emit first."""
+        pos = self._last_emitted or self._resume_pos
+        if pos is None:
+            return fallback, []
+        facts = await self._server_facts()
+        verdict = self._judge(facts, self._server, pos, "the last delivered transaction")
+        if verdict is None or isinstance(verdict, str):
+            raise self._lost_error(verdict or (f"binlog file {pos.file} of the last delivered transaction ({pos}) is "
+                                               f"no longer on the server ({facts.describe()}): it was purged"))
+        self._adopt(facts, verdict)
+        self._arm_resend_skip(pos)
+        return self._start_at(pos), self._server_marks(self._mark_at(pos))
+
+    def _lost_error(self, problem: str) -> SourceError:
+        if self.config.snapshot.mode == "when_needed":
+            return Replan(f"{problem}; snapshot.mode = when_needed re-plans (a new snapshot)")
+        return SourceFatal(f"{problem}. {LOST_FIX}")
+
+    async def _watch_history(self, channel: Channel) -> None:
+        """While streaming, check every HISTORY_CHECK_S that the server's binlog still holds the last delivered
+        position. A dump does not notice RESET MASTER (it waits at its old offset, and new transactions go to a
+        new file 1 it never reads): without this, nothing would land and nothing would be logged."""
+        while True:
+            await asyncio.sleep(HISTORY_CHECK_S)
+            pos = self._last_emitted or self._resume_pos
+            if pos is None:
+                continue
+            try:
+                facts = await self._server_facts()
+            except SourceError:
+                continue  # the control connection is down: the stream notices the outage itself
+            if not same_server(self._server, facts):
+                channel.finish(SourceError(f"the server behind {self.settings['host']}:{self.settings['port']} is now "
+                                           f"{facts.describe()}; reconnecting to follow it"))
+                return
+            try:
+                judge(facts, self._server, self._epoch, pos, "the last delivered transaction")
+            except PurgedFile:
+                continue  # a file behind the one being read was purged: only a reconnect needs it
+            except PositionLost as exc:
+                channel.finish(self._lost_error(str(exc)))
+                return
 
     async def _current_position(self) -> Watermark:
         conn = await self._control()
@@ -295,6 +509,7 @@ class MySqlSource(Source):
                 yield item
             assert wm_pos is not None
             start = self._start_at(wm_pos)
+            self._resume_pos = wm_pos
         if not plan.stream or start is None:
             return
         async for item in self._stream_binlog(start):
@@ -303,14 +518,17 @@ class MySqlSource(Source):
     async def _snapshot(self, plan: _Plan) -> AsyncIterator[Item]:
         self._phase = "snapshot"
         snap = Snapshotter(self.settings, self.flavor, self.config.snapshot.parallelism,
-                           self.config.snapshot.chunk_rows, self.history, tls=self.tls)
+                           self.config.snapshot.chunk_rows, self.history, tls=self.tls,
+                           read_timeout_s=self.config.runtime.source_read_timeout_s)
         self._snapshotter = snap
         try:
             wm = await snap.open()
-            at = plan.watermark if plan.watermark is not None else wm.position()
+            at = plan.watermark if plan.watermark is not None else self._stamp(wm.position())
             assert plan.snapshot_tasks is not None
             if plan.fresh_snapshot:
                 yield Mark("snapshot_start", at, {"tables": [str(t.table) for t in plan.snapshot_tasks]})
+                for mark in self._server_marks(at):
+                    yield mark
                 # a new snapshot supersedes whatever an abandoned earlier one landed (docs/landing-format.md)
                 conn = await self._control()
                 schemas = [(await load_table_schema(conn, t.table))[0] for t in plan.snapshot_tasks]
@@ -325,17 +543,30 @@ class MySqlSource(Source):
 
     async def _stream_binlog(self, start: StartPoint) -> AsyncIterator[Item]:
         self._phase = "streaming"
-        backoff = 1.0
+        retry = source_backoff(self.config, f"the binlog connection to {self._where}")
         loop = asyncio.get_running_loop()
         dbs = sorted({t.schema for t in self.tables})
         names = sorted({t.name for t in self.tables})
+        reconnecting = False
         while not self._closing:
+            if reconnecting:
+                try:  # the server may be another one now (a failover), or its binlog may have gone back
+                    start, marks = await self._reconnect_point(start)
+                except SourceError as exc:
+                    if exc.fatal or self._closing or isinstance(exc, Replan):
+                        raise
+                    await self._wait_to_reconnect(retry, exc)
+                    continue
+                for mark in marks:
+                    yield mark
             channel = Channel(loop, QUEUE_ITEMS)
-            decoder = Decoder(self.flavor, self.tables, self.history, start.file, start.gtid)
+            decoder = Decoder(self.flavor, self.tables, self.history, start.file, start.gtid, self._epoch)
             reader = BinlogReader(self._binlog_settings(), self.server_id, self.flavor, start, decoder, dbs, names,
                                   channel, tls=self.tls)
             self._reader, self._channel = reader, channel
             reader.start()
+            self._connected = True
+            watch = asyncio.create_task(self._watch_history(channel), name="mysql-history-watch")
             try:
                 while True:
                     chunk = await channel.get_many()
@@ -347,38 +578,58 @@ class MySqlSource(Source):
                         assert isinstance(pos, MySqlPosition)
                         if last is not None and pos <= last:
                             continue  # already delivered before a reconnect
+                        skip = self._resend_skip
+                        if skip is not None:
+                            if pos.gtid == skip[0] and pos.seq <= skip[1]:
+                                continue  # resent by the new server: delivered before the failover
+                            self._resend_skip = None
                         last = pos
                         self._last_emitted = pos
+                        self._last_was_commit = type(item) is Mark and item.kind == "commit"
                         if type(item) is ChangeEvent and item.commit_ts is not None:
                             self._lag_ms = max(0.0, (time.time() - item.commit_ts.timestamp()) * 1000)
                         yield item
-                    backoff = 1.0
+                    if retry.attempts:
+                        retry.success()
             except SourceError as exc:
                 if exc.fatal or self._closing:
                     raise
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.config.runtime.reconnect_max_s)
-                if self._last_emitted is not None:
-                    start = self._start_at(self._last_emitted)
+                self._connected = False
+                await self._wait_to_reconnect(retry, exc)
+                reconnecting = True
             finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)  # it shares the control connection
                 reader.stop()
                 await loop.run_in_executor(None, reader.join, 5.0)
                 await self._kill_dump(reader)
+
+    async def _wait_to_reconnect(self, retry: Backoff, exc: SourceError) -> None:
+        delay = retry.failure(exc)  # SourceFatal once runtime.source_retry_timeout_s is spent
+        self._reconnects += 1
+        self._last_error = str(exc)
+        log.warning("binlog connection lost; reconnecting", error=str(exc), retry_in_s=round(delay, 2),
+                    attempt=retry.attempts, failing_for_s=round(retry.failed_for_s(), 1))
+        await asyncio.sleep(delay)
 
     async def _kill_dump(self, reader: BinlogReader) -> None:
         """End our dump thread on the server now: it would linger until its next write and pin the binlog
         file it reads (PURGE BINARY LOGS skips files in use)."""
         ids = [int(t) for t in reader.thread_ids]
         reader.thread_ids.clear()
-        if not ids:
+        if not ids or self._ctl is None or self._ctl.closed:
+            # no live control connection: never open one for this, it could reach another server (a failover)
+            # whose connection ids mean other sessions
             return
+        limit = float(self.settings["connect_timeout"])  # short: a dead control connection must not hold us
         with contextlib.suppress(Exception):
             for tid in ids:
-                with contextlib.suppress(aiomysql.Error):
-                    await self._query(f"KILL CONNECTION {tid}")
+                with contextlib.suppress(SourceError):
+                    await self._query(f"KILL CONNECTION {tid}", timeout=limit)
             listed = ", ".join(map(str, ids))
             for _ in range(50):  # KILL only flags the thread; wait until it is gone
-                rows = await self._query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})")
+                rows = await self._query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})",
+                                         timeout=limit)
                 if not rows[0][0]:
                     break
                 await asyncio.sleep(0.05)
@@ -417,7 +668,11 @@ class MySqlSource(Source):
                 *evaluate(facts)]
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"connected": self._connected, "phase": self._phase, "flavor": self.flavor}
+        out: dict[str, Any] = {"connected": self._connected, "phase": self._phase, "flavor": self.flavor,
+                               "reconnects": self._reconnects, "last_error": self._last_error,
+                               "position_epoch": self._epoch}
+        if self._server is not None:
+            out["server_id"] = self._server["server_id"]
         snap = self._snapshotter
         if snap is not None and snap.progress:
             out["snapshot"] = {t: {"rows": p.rows, "total_estimate": p.total_estimate, "done": p.done}

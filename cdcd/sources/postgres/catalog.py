@@ -11,6 +11,7 @@ import asyncpg
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import TableId
 from cdcd.positions import format_lsn, parse_lsn
+from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
 from cdcd.sources.postgres.replication import ConnectParams, ssl_context
 from cdcd.sources.postgres.types import SESSION_SETTINGS, PgType, TypeRegistry
 
@@ -37,11 +38,16 @@ async def connect_sql(params: ConnectParams) -> Any:
         ssl_arg = ctx
     settings = {k: v for k, v in SESSION_SETTINGS.items() if k != "client_encoding"}
     settings["application_name"] = params.application_name
+    settings.update(PG_SERVER_KEEPALIVES)
     try:
-        return await asyncpg.connect(
+        # command_timeout bounds every query and every snapshot chunk (runtime.source_read_timeout_s).
+        conn = await asyncpg.connect(
             host=params.host, port=params.port, user=params.user, password=params.password,
             database=params.database, ssl=ssl_arg, timeout=params.connect_timeout_s, server_settings=settings,
+            command_timeout=params.read_timeout_s,
         )
+        keepalive_transport(getattr(conn, "_transport", None))
+        return conn
     except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
         raise SourceFatal(f"{params.where}: authentication failed ({exc}); check source.user and the password") from exc
     except asyncpg.InvalidCatalogNameError as exc:

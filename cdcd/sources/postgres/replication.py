@@ -24,6 +24,7 @@ from pathlib import Path
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.positions import format_lsn, parse_lsn
+from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
 from cdcd.sources.postgres import protocol as p
 from cdcd.sources.postgres.types import SESSION_SETTINGS
 
@@ -33,6 +34,9 @@ _READ_SIZE = 1 << 18
 
 # SQLSTATE classes no retry can cure.
 _FATAL_SQLSTATES = ("28", "3D", "42501", "42704", "55000")
+
+#: The stall bound when the server's wal_sender_timeout is 0 (disabled).
+DEFAULT_STALL_S = 60.0
 
 
 class PgServerError(SourceError):
@@ -66,6 +70,7 @@ class ConnectParams:
     sslmode: str = "prefer"
     sslrootcert: Path | None = None
     connect_timeout_s: float = 10.0
+    read_timeout_s: float = 300.0  # a command's answer (runtime.source_read_timeout_s)
     application_name: str = "cdcd"
 
     @property
@@ -121,6 +126,8 @@ class ReplicationConnection:
         self._status_task: asyncio.Task[None] | None = None
         self._copy_both = False
         self.closed = False
+        #: No message at all for this long while streaming means a dead path (set from wal_sender_timeout).
+        self.stall_timeout_s = DEFAULT_STALL_S
 
     # ------------------------------------------------------------ connecting
 
@@ -138,6 +145,7 @@ class ReplicationConnection:
     @classmethod
     async def _connect(cls, params: ConnectParams) -> ReplicationConnection:
         reader, writer = await asyncio.open_connection(params.host, params.port)
+        keepalive_transport(writer.transport)
         conn = cls(reader, writer, params)
         try:
             await conn._negotiate_tls()
@@ -177,6 +185,7 @@ class ReplicationConnection:
             "replication": "database",
             "application_name": self._params.application_name,
             **SESSION_SETTINGS,
+            **PG_SERVER_KEEPALIVES,
         }
         self._writer.write(p.startup_message(params))
         scram: p.ScramClient | None = None
@@ -227,26 +236,34 @@ class ReplicationConnection:
                               "set source.password or source.password_file")
         return self._params.password
 
-    async def _next(self) -> p.BackendMessage:
+    async def _next(self, timeout: float | None = -1.0) -> p.BackendMessage:
+        """The next message; waits at most ``timeout`` (default: ``read_timeout_s``; None: no bound but
+        keepalives) for the server to say anything."""
+        limit = self._params.read_timeout_s if timeout is not None and timeout < 0 else timeout
         while True:
             for msg in self._buf:
                 return msg
-            data = await self._reader.read(_READ_SIZE)
+            try:
+                async with asyncio.timeout(limit):
+                    data = await self._reader.read(_READ_SIZE)
+            except TimeoutError:
+                raise SourceError(f"{self._params.where}: no answer from the server within {limit:g}s "
+                                  "(runtime.source_read_timeout_s); the connection is taken for dead") from None
             if not data:
                 raise SourceError(f"{self._params.where}: the server closed the replication connection")
             self._buf.feed(data)
 
     # ------------------------------------------------------------ commands
 
-    async def query(self, sql: str) -> list[dict[str, str | None]]:
-        """A simple-protocol command; its rows as dicts of text."""
+    async def query(self, sql: str, timeout: float | None = -1.0) -> list[dict[str, str | None]]:
+        """A simple-protocol command; its rows as dicts of text. ``timeout`` as for ``_next``."""
         self._writer.write(p.query_message(sql))
         await self._writer.drain()
         names: list[str] = []
         rows: list[dict[str, str | None]] = []
         error: PgServerError | None = None
         while True:
-            msg = await self._next()
+            msg = await self._next(timeout)
             if msg.kind == b"T":
                 names = p.parse_row_description(msg.payload)
             elif msg.kind == b"D":
@@ -264,16 +281,26 @@ class ReplicationConnection:
     async def create_slot(self, name: str, export_snapshot: bool) -> SlotCreated:
         # The pre-15 spelling is understood by 14 and every later version.
         how = "EXPORT_SNAPSHOT" if export_snapshot else "NOEXPORT_SNAPSHOT"
-        row = (await self.query(f'CREATE_REPLICATION_SLOT "{name}" LOGICAL pgoutput {how}'))[0]
+        # Creating a slot waits for every running transaction to end, however long the application keeps one
+        # open: bounded by TCP keepalives only, never by a read timeout that would retry it for ever.
+        row = (await self.query(f'CREATE_REPLICATION_SLOT "{name}" LOGICAL pgoutput {how}', timeout=None))[0]
         return SlotCreated(str(row["slot_name"]), parse_lsn(str(row["consistent_point"])), row.get("snapshot_name"))
 
     async def status_interval(self, most: float) -> float:
-        """How often to send status updates: well inside the server's ``wal_sender_timeout``."""
+        """How often to send status updates: well inside the server's ``wal_sender_timeout``.
+
+        Also sets the stall bound: every status update asks for a reply, so a live server says something
+        at least every interval; silence for a whole ``wal_sender_timeout`` (after which the server gives
+        up on us too, freeing the slot) means the path is dead.
+        """
         rows = await self.query("SHOW wal_sender_timeout")
         timeout = parse_duration_s(str(rows[0].get("wal_sender_timeout") or "0")) if rows else 0.0
         if timeout <= 0:
-            return most
-        return max(0.1, min(most, timeout / 4))
+            self.stall_timeout_s = DEFAULT_STALL_S
+            return min(most, DEFAULT_STALL_S / 4)
+        interval = max(0.1, min(most, timeout / 4))
+        self.stall_timeout_s = max(timeout, 3 * interval)
+        return interval
 
     async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float) -> None:
         sql = (f'START_REPLICATION SLOT "{slot}" LOGICAL {format_lsn(start_lsn)} '
@@ -323,7 +350,14 @@ class ReplicationConnection:
                     raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} in the stream")
             if out:
                 yield out
-            data = await self._reader.read(_READ_SIZE)
+            try:
+                async with asyncio.timeout(self.stall_timeout_s):
+                    data = await self._reader.read(_READ_SIZE)
+            except TimeoutError:
+                raise SourceError(
+                    f"{self._params.where}: no message from the server for {self.stall_timeout_s:g}s, not even a "
+                    "keepalive (the bound is the server's wal_sender_timeout): the connection is taken for dead; "
+                    "reconnecting from the checkpoint") from None
             if not data:
                 raise SourceError(f"{self._params.where}: the server closed the replication connection")
             buf.feed(data)
@@ -340,7 +374,7 @@ class ReplicationConnection:
         while not self.closed:
             await asyncio.sleep(interval)
             try:
-                self.send_status()
+                self.send_status(reply=True)  # the server answers at once: the stall detector hears it live
                 await self._writer.drain()
             except (OSError, RuntimeError):
                 return

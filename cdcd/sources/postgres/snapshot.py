@@ -168,6 +168,12 @@ class SnapshotReader:
                                            "to source.user")
             err.__cause__ = exc
             await out.put(err)
+        except TimeoutError as exc:  # asyncpg's command_timeout: a silent or stuck connection
+            err = SourceError(f"snapshot of {self._params.where}: a chunk query got no answer within "
+                              f"{self._params.read_timeout_s:g}s (runtime.source_read_timeout_s); the connection "
+                              "is taken for dead, reconnecting")
+            err.__cause__ = exc
+            await out.put(err)
         except Exception as exc:  # handed to the consumer, which raises it in stream()
             err = SourceError(f"snapshot of {self._params.where}: {exc}")
             err.__cause__ = exc

@@ -19,9 +19,11 @@ from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, snapshot_truncates
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
+from cdcd.retry import source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.postgres import catalog, pgoutput
 from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, SlotInfo, TableInfo
+from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.replication import ConnectParams, PgServerError, ReplicationConnection
 from cdcd.sources.postgres.shape import (
@@ -41,6 +43,13 @@ log = structlog.get_logger("cdcd.source.postgres")
 
 STATUS_INTERVAL_S = 5.0
 
+HISTORY_FIX = (
+    "The mirror cannot be brought up to date from this server's history. Re-snapshot: stop cdcd (`cdcd stop -c "
+    "CONFIG`), move the state directory (state.path) and the landing zone (landing.path) aside, drop the replication "
+    "slot on the server (SELECT pg_drop_replication_slot('SLOT')), start again with snapshot.mode = \"initial\" and "
+    "let `cdcd spark run` write to a fresh --target (see docs/postgres.md, identity checks)."
+)
+
 
 class PostgresSource(Source):
     kind = "postgres"
@@ -51,6 +60,7 @@ class PostgresSource(Source):
         self._params = ConnectParams(
             host=src.host, port=src.effective_port, user=src.user, database=src.database, password=src.secret(),
             sslmode=src.sslmode, sslrootcert=src.sslrootcert, connect_timeout_s=src.connect_timeout_s,
+            read_timeout_s=config.runtime.source_read_timeout_s,
         )
         self._slot = src.postgres.slot
         self._publication = src.postgres.publication
@@ -76,6 +86,11 @@ class PostgresSource(Source):
         self._lag_ms: float | None = None
         self._closing = False
         self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
+        self._reconnects = 0  # replication reconnects inside stream(), for /status
+        self._last_error: str | None = None
+        self._system: dict[str, Any] | None = None  # the server identity the checkpoint records (identity.py)
+        self._announce: list[Item] = []  # Marks to emit before anything else (a new identity record)
+        self._resume_position: PgPosition | None = None  # the checkpoint's position at connect
 
     # ------------------------------------------------------------ connect
 
@@ -126,14 +141,25 @@ class PostgresSource(Source):
                     raise SourceFatal(self._slot_gone_message(str(state["slot"])))
                 log.warning("the checkpoint's replication slot is gone; snapshot.mode=when_needed takes a new snapshot",
                             slot=state["slot"])
+                self._system = None
+                await self._verify_system(None)
                 await self._new_slot_with_snapshot()
                 return
             self._watermark = PgPosition(parse_lsn(state["watermark"]), 0)
             self._flush_lsn = max(parse_lsn(state.get("flush_lsn", state["watermark"])), slot.confirmed_flush_lsn or 0)
+            if isinstance(resume.position, PgPosition):
+                self._resume_position = resume.position
+            if self._system is None:
+                self._system = state.get("system")
+            if await self._verify_system(None):
+                at = self._resume_position or self._watermark
+                self._announce = [Mark("system", at, dict(self._system or {}))]
             if snap.get("status") == "running":
                 await self._open_snapshot(None, state, slot=self._slot)
             return
         # No checkpoint state: a first start.
+        self._system = None
+        await self._verify_system(None)  # records the server's identity for the start Mark
         if slot is None:
             if self._mode == "never":
                 repl = await ReplicationConnection.connect(self._params)
@@ -159,6 +185,37 @@ class PostgresSource(Source):
         self._begin(start, snapshot=True)
         await self._open_snapshot(None, {}, slot=self._slot)
 
+    def _reached(self) -> int:
+        """The highest WAL position cdcd committed or emitted: the server's history must contain it."""
+        last = self._last.lsn if self._last is not None else 0
+        ckpt = self._resume_position.lsn if self._resume_position is not None else 0
+        return max(self._flush_lsn, last, ckpt)
+
+    async def _verify_system(self, repl: ReplicationConnection | None) -> bool:
+        """IDENTIFY_SYSTEM and judge it against the recorded identity and ``_reached()``; fatal when the server's
+        history does not contain what cdcd captured. True when ``_system`` changed (first record, new timeline)."""
+        own = repl is None
+        conn = repl if repl is not None else await ReplicationConnection.connect(self._params)
+        try:
+            facts = SystemFacts.from_identify(await conn.identify_system())
+            history: str | None = None
+            if needs_history(self._system, facts):
+                rows = await conn.query(f"TIMELINE_HISTORY {facts.timeline}")
+                history = str(rows[0].get("content") or "") if rows else ""
+        finally:
+            if own:
+                await conn.close()
+        try:
+            changed = judge_system(self._system, facts, self._reached(), history, self._params.where)
+        except HistoryDiverged as exc:
+            raise SourceFatal(f"{exc}. {HISTORY_FIX.replace('SLOT', self._slot)}") from None
+        if changed:
+            if self._system:
+                log.warning("the server moved to a new timeline that contains everything captured; following it",
+                            old=self._system.get("timeline"), new=facts.timeline)
+            self._system = facts.record()
+        return changed
+
     def _slot_gone_message(self, slot: str) -> str:
         return (f"replication slot {slot!r} named by the checkpoint does not exist on {self._params.where}: "
                 "the changes since the checkpoint are lost to it, and a new slot would silently skip them. "
@@ -179,8 +236,10 @@ class PostgresSource(Source):
         name = self._slot if slot == "" else slot
         self._watermark = PgPosition(watermark, 0)
         self._flush_lsn = watermark
-        self._start_mark = Mark("start", self._watermark,
-                                {"slot": name, "watermark": format_lsn(watermark), "snapshot": snapshot})
+        detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark), "snapshot": snapshot}
+        if self._system:
+            detail["system"] = dict(self._system)
+        self._start_mark = Mark("start", self._watermark, detail)
 
     async def _new_slot_with_snapshot(self) -> None:
         repl = await ReplicationConnection.connect(self._params)
@@ -216,12 +275,15 @@ class PostgresSource(Source):
     # ------------------------------------------------------------ stream
 
     async def stream(self) -> AsyncIterator[Item]:
-        if self._start_mark is not None:
-            mark, self._start_mark = self._start_mark, None
+        start, self._start_mark = self._start_mark, None
+        if start is not None:
+            yield start
+        announce, self._announce = self._announce, []
+        for mark in announce:
             yield mark
-            if mark.detail.get("snapshot"):
-                for truncate in snapshot_truncates([self._shapes[t].schema for t in self._tables], self._watermark):
-                    yield truncate
+        if start is not None and start.detail.get("snapshot"):
+            for truncate in snapshot_truncates([self._shapes[t].schema for t in self._tables], self._watermark):
+                yield truncate
         if self._reader is not None:
             self._phase = "snapshot"
             try:
@@ -234,11 +296,12 @@ class PostgresSource(Source):
         self._phase = "streaming"
         if not self._stream_changes:
             return
-        attempt = 0
+        retry = source_backoff(self._config, f"the replication connection to {self._params.where}")
         while True:
             try:
                 async for item in self._replicate():
-                    attempt = 0
+                    if retry.attempts:
+                        retry.success()
                     yield item
                 raise SourceError(f"{self._params.where}: the server ended the replication stream")
             except (SourceError, OSError, asyncio.IncompleteReadError) as exc:
@@ -246,11 +309,13 @@ class PostgresSource(Source):
                     raise
                 if self._closing:
                     raise SourceError(f"{self._params.where}: connection closed while stopping") from exc
-                delay = min(self._config.runtime.reconnect_max_s, 0.5 * 2**attempt)
-                attempt += 1
                 self._connected = False
-                log.warning("replication connection lost; reconnecting", error=str(exc), retry_in_s=delay,
-                            attempt=attempt)
+                delay = retry.failure(exc)  # SourceFatal once runtime.source_retry_timeout_s is spent
+                self._reconnects += 1
+                self._last_error = str(exc) or repr(exc)
+                log.warning("replication connection lost; reconnecting", error=self._last_error,
+                            retry_in_s=round(delay, 2), attempt=retry.attempts,
+                            failing_for_s=round(retry.failed_for_s(), 1))
                 await asyncio.sleep(delay)
 
     async def _replicate(self) -> AsyncIterator[Item]:
@@ -259,6 +324,9 @@ class PostgresSource(Source):
         repl.flush_lsn = self._flush_lsn
         heartbeat: asyncio.Task[None] | None = None
         try:
+            if await self._verify_system(repl):  # a reconnect may reach a server restored or promoted meanwhile
+                yield Mark("system", self._last or self._resume_position or PgPosition(self._flush_lsn, 0),
+                           dict(self._system or {}))
             interval = await repl.status_interval(STATUS_INTERVAL_S)
             await repl.start_replication(self._slot, 0, self._publication, interval)
             self._connected = True
@@ -273,7 +341,7 @@ class PostgresSource(Source):
                     f"{exc}: the slot's decoding point is older than publication {self._publication!r} (the slot "
                     "was created before it); drop the slot and start again with an empty state.path") from exc
             raise
-        except asyncpg.PostgresError as exc:
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # the catalog connection, for new types
             raise SourceError(f"{self._params.where}: {exc}") from exc
         except ProtocolError as exc:  # a message we cannot decode would be skipped data: never retry past it
             raise SourceFatal(f"{self._params.where}: {exc}") from exc
@@ -432,7 +500,11 @@ class PostgresSource(Source):
             "lag_ms": self._lag_ms,
             "confirmed_flush_lsn": format_lsn(self._flush_lsn),
             "slot": self._slot if self._stream_changes else None,
+            "reconnects": self._reconnects,
+            "last_error": self._last_error,
         }
+        if self._system:
+            out["timeline"] = self._system.get("timeline")
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}

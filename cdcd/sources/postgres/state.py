@@ -6,7 +6,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "watermark": "0/16B3A40",         # snapshot watermark (the slot's consistent point)
      "flush_lsn": "0/16B3B10",         # commit LSN of the last fully committed transaction (or heartbeat)
      "snapshot": {"status": "running" | "done" | "none",
-                  "tables": {"public.t": {"last_key": ["42"], "rows": 42, "done": false}}}}
+                  "tables": {"public.t": {"last_key": ["42"], "rows": 42, "done": false}}},
+     "system": {"systemid": "7301...", "timeline": 1}}   # the server's IDENTIFY_SYSTEM (identity.py)
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
 the runtime confirmed durable: never beyond the checkpoint.
@@ -22,13 +23,17 @@ from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
 
 
-def fresh_state(slot: str | None, watermark: int, snapshot: bool) -> dict[str, Any]:
-    return {
+def fresh_state(slot: str | None, watermark: int, snapshot: bool,
+                system: dict[str, Any] | None = None) -> dict[str, Any]:
+    state: dict[str, Any] = {
         "slot": slot,
         "watermark": format_lsn(watermark),
         "flush_lsn": format_lsn(watermark),
         "snapshot": {"status": "running" if snapshot else "none", "tables": {}},
     }
+    if system:
+        state["system"] = dict(system)
+    return state
 
 
 def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
@@ -56,8 +61,11 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             tables.setdefault(item.detail["table"], {"last_key": None, "rows": 0})["done"] = True
         elif kind == "snapshot_done":
             snap["status"] = "done"
+        elif kind == "system":
+            new["system"] = dict(item.detail)
         elif kind == "start":
-            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]), item.detail["snapshot"])
+            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]), item.detail["snapshot"],
+                              item.detail.get("system"))
             snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables

@@ -1,0 +1,301 @@
+"""MariaDB with the real daemon: a GTID failover is followed exactly; a server whose binlog went back is refused.
+
+The primary and its GTID replica (log_slave_updates, gtid_strict_mode) are the test's own servers; the
+daemon reaches them through a TCP forwarder of the test's own (the "same address" a proxy or a virtual IP
+gives across a failover). Exactness is checked by replaying what landed, in ``_cdc_pos`` order, against the
+table on the server that ends up primary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+from daemon_harness import DaemonHarness, rows
+from switch_proxy import SwitchProxy
+
+from cdcd.devservers import MariaDBServer
+
+pytestmark = pytest.mark.slow
+_server_ids = itertools.count(7501)
+REPLICATION = {"log_slave_updates": "1", "gtid_strict_mode": "1"}
+
+
+def run_sql(server: MariaDBServer, db: str | None, *statements: str) -> list[Any]:
+    conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root", password="", database=db,
+                           autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            result: list[Any] = []
+            for statement in statements:
+                cur.execute(statement)
+                result = list(cur.fetchall())
+            return result
+    finally:
+        conn.close()
+
+
+class Setup(DaemonHarness):
+    def __init__(self, tmp: Path, port: int, db: str = "app") -> None:
+        super().__init__(tmp)
+        self.port, self.db = port, db
+        self.server_id = next(_server_ids)
+
+    def source_sections(self) -> dict[str, dict[str, Any]]:
+        return {
+            "source": {"kind": "mariadb", "port": self.port, "user": "cdc", "password": "secret",
+                       "database": self.db, "tables": [f"{self.db}.t"], "sslmode": "disable"},
+            "source.mysql": {"server_id": self.server_id},
+        }
+
+    def start(self, ack: str, **extra: dict[str, Any]) -> Any:
+        return super().start(ack, runtime={"reconnect_max_s": 1.0}, **extra)
+
+    def landed_ids(self) -> set[int]:
+        return {r["id"] for b in self.batches() for r in rows(b)}
+
+    def replay(self) -> dict[int, tuple[Any, ...]]:
+        """The mirror a position-ordered merge builds from everything landed (highest position wins)."""
+        events = [r for b in self.batches() for r in rows(b)]  # batch order; sorted() is stable
+        mirror: dict[int, tuple[Any, ...]] = {}
+        for r in sorted(events, key=lambda r: r["_cdc_pos"]):
+            if r["_cdc_op"] == "d":
+                mirror.pop(r["id"], None)
+            elif r["_cdc_op"] == "t":
+                mirror.clear()
+            else:
+                mirror[r["id"]] = (r["v"], r["note"])
+        return mirror
+
+    def exit_code(self, timeout: float = 90) -> int:
+        return self.procs[-1].wait(timeout)
+
+
+def table(server: MariaDBServer, db: str = "app") -> dict[int, tuple[Any, ...]]:
+    return {int(i): (v, n) for i, v, n in run_sql(server, db, "SELECT id, v, note FROM t")}
+
+
+def workload(server: MariaDBServer, rng: random.Random, ids: range, ops: int, tag: str) -> None:
+    """Inserts, updates and deletes in single- and multi-statement transactions."""
+    conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root", password="", database="app",
+                           autocommit=False)
+    try:
+        with conn.cursor() as cur:
+            for n in range(ops):
+                for _ in range(rng.choice((1, 1, 3))):
+                    i = rng.choice(ids)
+                    kind = rng.random()
+                    if kind < 0.5:
+                        cur.execute("REPLACE INTO t VALUES (%s, %s, %s)", (i, n, f"{tag}-{n}"))
+                    elif kind < 0.8:
+                        cur.execute("UPDATE t SET v = v + 1, note = %s WHERE id = %s", (f"{tag}-u{n}", i))
+                    else:
+                        cur.execute("DELETE FROM t WHERE id = %s", (i,))
+                conn.commit()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    primary = MariaDBServer(settings=dict(REPLICATION), server_id=1).start()
+    replica = MariaDBServer(settings=dict(REPLICATION), server_id=2)
+    try:
+        replica.start()
+        # the primary's binlog is further along than the replica's will be (more files, larger offsets), as
+        # it is on any replica that started from a backup: positions of the two never line up
+        run_sql(primary, None, "FLUSH BINARY LOGS", "FLUSH BINARY LOGS", "FLUSH BINARY LOGS")
+        replica.replicate_from(primary)
+        run_sql(primary, None, "CREATE DATABASE app")
+        run_sql(primary, "app", "CREATE TABLE app.t (id INT PRIMARY KEY, v INT, note VARCHAR(40))",
+                "INSERT INTO app.t SELECT seq, seq, 'initial' FROM seq_1_to_50")
+        replica.wait_replicated(primary)
+        yield primary, replica
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+@pytest.fixture
+def proxy_to(pair: tuple[MariaDBServer, MariaDBServer]) -> Iterator[SwitchProxy]:
+    proxy = SwitchProxy(pair[0].port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def fail_over(primary: MariaDBServer, replica: MariaDBServer, proxy: SwitchProxy) -> None:
+    primary.stop()
+    proxy.switch(replica.port)
+    replica.promote()
+
+
+def test_gtid_failover_to_a_replica_lands_everything_written_on_it(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
+    primary, replica = pair
+    s = Setup(tmp_path, proxy_to.port)
+    try:
+        s.start("landed")
+        s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 51)))
+        rng = random.Random(7)
+        workload(primary, rng, range(1, 120), 150, "p")
+        run_sql(primary, "app", "INSERT INTO t VALUES (1000, 0, 'primary-sentinel')")
+        s.wait("the primary's writes landed", lambda: 1000 in s.landed_ids())
+        replica.wait_replicated(primary)
+        fail_over(primary, replica, proxy_to)
+        workload(replica, rng, range(1, 120), 150, "r")
+        run_sql(replica, "app", "INSERT INTO t VALUES (2000, 0, 'replica-sentinel')")
+        s.wait("the new primary's writes landed", lambda: 2000 in s.landed_ids())
+        assert s.replay() == table(replica)
+        assert "the source server changed" in s.log.read_text()
+        # a restart keeps following the new primary: the checkpoint recorded it and the new epoch
+        s.procs[-1].send_signal(signal.SIGTERM)
+        assert s.exit_code(60) == 0, s.tail()
+        ckpt = s.checkpoint()
+        assert ckpt is not None and ckpt.source_state["server"]["server_id"] == 2
+        assert ckpt.source_state["server"]["epoch"] == 1 and ckpt.position.encoded.startswith("my:e000001:")
+        s.start("landed")
+        workload(replica, rng, range(1, 120), 30, "x")
+        run_sql(replica, "app", "INSERT INTO t VALUES (3000, 0, 'after-restart')")
+        s.wait("writes after the restart landed", lambda: 3000 in s.landed_ids())
+        assert s.replay() == table(replica)
+    finally:
+        s.close()
+
+
+def test_failover_while_stopped_is_followed_at_start(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    primary, replica = pair
+    s = Setup(tmp_path, primary.port)
+    try:
+        s.start("landed")
+        s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 51)))
+        rng = random.Random(11)
+        workload(primary, rng, range(1, 120), 60, "p")
+        run_sql(primary, "app", "INSERT INTO t VALUES (1000, 0, 'primary-sentinel')")
+        s.wait("the primary's writes landed", lambda: 1000 in s.landed_ids())
+        s.procs[-1].send_signal(signal.SIGTERM)
+        assert s.exit_code(60) == 0, s.tail()
+        workload(primary, rng, range(1, 120), 20, "q")  # written while cdcd is down, replicated
+        replica.wait_replicated(primary)
+        primary.stop()
+        replica.promote()
+        workload(replica, rng, range(1, 120), 40, "r")
+        s.port = replica.port  # the operator points cdcd at the new primary and starts it
+        s.start("landed")
+        run_sql(replica, "app", "INSERT INTO t VALUES (2000, 0, 'replica-sentinel')")
+        s.wait("the new primary's writes landed", lambda: 2000 in s.landed_ids())
+        assert s.replay() == table(replica)
+    finally:
+        s.close()
+
+
+def test_failover_after_a_kill_inside_a_transaction_delivers_the_rest_of_it_once(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    primary, replica = pair
+    s = Setup(tmp_path, primary.port)
+    try:
+        s.start("consumed", snapshot={"mode": "never"})
+        s.wait("the stream start in the checkpoint", lambda: s.checkpoint() is not None)
+        run_sql(primary, "app", "INSERT INTO t SELECT seq, seq, 'big' FROM seq_1001_to_1200")  # one transaction
+        s.wait("60 events landed", lambda: sum(len(rows(b)) for b in s.batches()) >= 60)
+        acked_rows, last_acked = s.consume_upto(30)
+        s.wait("the checkpoint covers the acked batches",
+               lambda: (c := s.checkpoint()) is not None and c.batch_seq >= last_acked)
+        ckpt = s.checkpoint()
+        assert ckpt is not None and ckpt.source_state.get("inside_tx") is True
+        s.kill()
+        max_seq = max(b.seq for b in s.batches())
+        replica.wait_replicated(primary)
+        primary.stop()
+        replica.promote()
+        s.port = replica.port
+        s.start("landed", snapshot={"mode": "never"})
+        s.wait("the whole transaction landed", lambda: s.landed_ids() >= set(range(1001, 1201)))
+        after = [r for b in s.batches() if b.seq > max_seq for r in rows(b)]
+        acked = {r["id"] for r in acked_rows}
+        assert not {r["id"] for r in after} & acked, "an acked event of the transaction came again"
+        assert {r["id"] for r in after} == set(range(1001, 1201)) - acked
+        assert len(after) == len({r["id"] for r in after})
+        assert all(r["_cdc_pos"].startswith("my:e000001:") for r in after)
+    finally:
+        s.close()
+
+
+def test_failover_to_a_replica_lacking_gtids_stops_naming_them(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
+    primary, replica = pair
+    s = Setup(tmp_path, proxy_to.port)
+    try:
+        s.start("landed")
+        s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 51)))
+        replica.sql("STOP SLAVE")  # the replica falls behind
+        for i in range(10):
+            run_sql(primary, "app", f"INSERT INTO t VALUES ({100 + i}, {i}, 'unreplicated')")
+        s.wait("the unreplicated writes landed", lambda: 109 in s.landed_ids())
+        captured = primary.sql("SELECT @@GLOBAL.gtid_binlog_pos")
+        fail_over(primary, replica, proxy_to)
+        run_sql(replica, "app", "INSERT INTO t VALUES (2000, 0, 'replica-sentinel')")
+        assert s.exit_code() == 4, s.tail()
+        log = s.log.read_text()
+        assert "lacks GTIDs" in log and f"up to {captured}" in log, s.tail()
+        assert 2000 not in s.landed_ids()
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def lone() -> Iterator[MariaDBServer]:
+    server = MariaDBServer(settings=dict(REPLICATION), server_id=1).start()
+    try:
+        run_sql(server, None, "CREATE DATABASE app")
+        run_sql(server, "app", "CREATE TABLE app.t (id INT PRIMARY KEY, v INT, note VARCHAR(40))",
+                "INSERT INTO app.t SELECT seq, seq, 'initial' FROM seq_1_to_20")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_reset_master_while_streaming_stops_the_daemon_loudly(tmp_path: Path, lone: MariaDBServer) -> None:
+    s = Setup(tmp_path, lone.port)
+    try:
+        s.start("landed")
+        s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 21)))
+        for i in range(5):
+            run_sql(lone, "app", f"INSERT INTO t VALUES ({100 + i}, {i}, 'streamed')")
+        s.wait("the writes landed", lambda: 104 in s.landed_ids())
+        run_sql(lone, None, "RESET MASTER")
+        run_sql(lone, "app", "INSERT INTO t VALUES (200, 0, 'after-reset')")
+        assert s.exit_code() == 4, s.tail()
+        log = s.log.read_text()
+        assert "no longer has GTIDs" in log and "RESET MASTER" in log, s.tail()
+    finally:
+        s.close()
+
+
+def test_reset_master_while_stopped_is_refused_at_start(tmp_path: Path, lone: MariaDBServer) -> None:
+    s = Setup(tmp_path, lone.port)
+    try:
+        s.start("landed")
+        s.wait("the snapshot landed", lambda: s.landed_ids() >= set(range(1, 21)))
+        for i in range(5):
+            run_sql(lone, "app", f"INSERT INTO t VALUES ({100 + i}, {i}, 'streamed')")
+        s.wait("the checkpoint covers the writes", lambda: (c := s.checkpoint()) and c.event_count >= 25)
+        s.procs[-1].send_signal(signal.SIGTERM)
+        assert s.exit_code(60) == 0, s.tail()
+        run_sql(lone, None, "RESET MASTER")
+        run_sql(lone, "app", "INSERT INTO t VALUES (200, 0, 'after-reset')")
+        s.start("landed")
+        assert s.exit_code() == 4, s.tail()
+        log = s.log.read_text()
+        assert "no longer has GTIDs" in log and "domain 0" in log, s.tail()
+        assert 200 not in s.landed_ids()
+    finally:
+        s.close()

@@ -1,0 +1,81 @@
+"""The landing sink on a real, small tmpfs that runs full in the middle of a batch."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from cdcd.errors import SinkError
+from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
+from cdcd.positions import PgPosition
+from cdcd.runtime.interfaces import Batch
+from cdcd.sinks.landing import LandingSink, landed_seqs, read_batches
+
+SMALL = TableSchema(TableId("public", "small"), (Column("k", pa.string(), "text"),), ("k",))
+BIG = TableSchema(TableId("public", "big"), (Column("id", pa.int64(), "bigint", nullable=False),
+                                             Column("blob", pa.binary(), "bytea")), ("id",))
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "landing"
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs at {path} (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def leave_free(path: Path, free: int) -> Path:
+    """Fill the volume, then give back ``free`` bytes."""
+    filler = path / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 20, 4096):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    os.truncate(filler, filler.stat().st_size - free)
+    return filler
+
+
+def batch(seq: int) -> Batch:
+    """A small file first, then one of 1 MB that cannot compress."""
+    return Batch(seq, [
+        ChangeEvent(Op.CREATE, SMALL, PgPosition(100 * seq, 1), tx_id="1", after={"k": "a"}),
+        ChangeEvent(Op.CREATE, BIG, PgPosition(100 * seq, 2), tx_id="1", after={"id": 1, "blob": os.urandom(1 << 20)}),
+    ])
+
+
+async def test_disk_full_mid_batch_leaves_nothing_and_the_retry_lands_it(mount: Path) -> None:
+    sink = LandingSink(mount)
+    await sink.open()
+    await sink.deliver(batch(1))
+    filler = leave_free(mount, 256 * 1024)  # room for the small file, not for the big one
+    with pytest.raises(SinkError) as err:
+        await sink.deliver(batch(2))
+    # The small file was renamed into data/ before the big one failed: it is gone again, as is every temp file.
+    assert sorted(os.listdir(mount / "data")) == [f"{1:020d}-{n:04d}.parquet" for n in (0, 1)]
+    assert os.listdir(mount / "manifests") == [f"{1:020d}.json"]
+    assert landed_seqs(mount) == [1]
+    assert "batch 2 could not be landed" in str(err.value) and "No space left on device" in str(err.value)
+    assert f"{mount}/data/" in str(err.value) and "free space" in str(err.value)
+    assert sink.status()["failing_since"] is not None and sink.status()["write_failures"] == 1
+    filler.unlink()
+    await sink.deliver(batch(2))
+    assert sink.status()["failing_since"] is None
+    assert [b.seq for b in read_batches(mount)] == [1, 2]
+    await sink.close()
