@@ -217,3 +217,16 @@ def event_count(item: Item) -> int:
     if type(item) is RowBlock:
         return item.rows
     return 0
+
+
+def snapshot_truncates(schemas: list[TableSchema], watermark: Position) -> list[ChangeEvent]:
+    """What a NEW snapshot lands first: one truncate per table at its watermark.
+
+    A snapshot that starts afresh (no checkpoint, or a re-snapshot) supersedes
+    whatever an abandoned earlier attempt may have landed: rows it landed that
+    the source has deleted since must leave the mirror. The truncate carries
+    the snapshot's own position, so it removes every older row and keeps the
+    new snapshot's rows (same position) and the stream after it
+    (docs/landing-format.md, "Snapshot generations").
+    """
+    return [ChangeEvent(Op.TRUNCATE, s, watermark, snapshot=True) for s in schemas]

@@ -24,9 +24,10 @@ WAIT_S = 90.0
 
 
 def rows(batch: LandedBatch) -> list[dict[str, Any]]:
+    """The batch's rows, without a new snapshot's opening truncates (no row of the table)."""
     out: list[dict[str, Any]] = []
     for table in batch.tables.values():
-        out.extend(table.to_pylist())
+        out.extend(r for r in table.to_pylist() if not (r["_cdc_op"] == "t" and r["_cdc_snapshot"]))
     return out
 
 

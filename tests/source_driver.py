@@ -7,9 +7,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self
 
-from cdcd.events import ChangeEvent, Item, Mark, RowBlock
+from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock
 from cdcd.positions import Position
 from cdcd.runtime.interfaces import ResumePoint, Source
+
+
+def opening_truncate(item: Item) -> bool:
+    """A new snapshot's truncate of its table (events.snapshot_truncates), not a row."""
+    return isinstance(item, ChangeEvent) and item.snapshot and item.op is Op.TRUNCATE
 
 
 class SourceDriver:
@@ -83,11 +88,11 @@ class SourceDriver:
         return got
 
     async def events(self, n: int, timeout: float = 60) -> list[ChangeEvent]:
-        """Pull until ``n`` change events came (counting as we go: big ``n`` must stay linear)."""
+        """Pull until ``n`` change events came, a snapshot's opening truncates not counted (linear in ``n``)."""
         out: list[ChangeEvent] = []
 
         def enough(got: list[Item]) -> bool:
-            if got and isinstance(got[-1], ChangeEvent):
+            if got and isinstance(got[-1], ChangeEvent) and not opening_truncate(got[-1]):
                 out.append(got[-1])
             return len(out) >= n
 

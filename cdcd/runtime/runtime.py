@@ -35,7 +35,7 @@ import structlog
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
-from cdcd.events import ChangeEvent, Item, RowBlock, event_count
+from cdcd.events import ChangeEvent, Item, Mark, RowBlock, event_count
 from cdcd.positions import Position
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.barrier import CommitBarrier
@@ -370,11 +370,18 @@ class Runtime:
             state = self.source.fold(self._source_state, items)
             last = batches[-1]
             events = sum(b.event_count for b in batches)
+            # Never backwards: after a restart the source may re-send progress marks older than the checkpoint
+            # (the skip rule drops only row events), so the last item need not be the highest: take the highest
+            # of the saved position, the last item and every mark (rows arrive in order; marks fold the flush).
+            position = self._checkpoint.position
+            for item in (*(i for i in items if type(i) is Mark), last.items[-1]) if last.items else ():
+                if position is None or item.position > position:  # type: ignore[operator]
+                    position = item.position
             ckpt = Checkpoint(
                 source_kind=self.source.kind,
                 batch_seq=last.seq,
                 event_count=self._barrier.committed_events + events,
-                position=last.last_position,
+                position=position,
                 source_state=state,
             )
             try:

@@ -35,7 +35,7 @@ from cdcd.runtime.interfaces import Batch, Sink
 from cdcd.sinks import layout
 from cdcd.sinks.arrow import block_to_table, describe_schema, events_to_table
 from cdcd.sinks.layout import CONSUMED, DATA, MANIFESTS
-from cdcd.sinks.manifest import canonical, load_manifest, seal
+from cdcd.sinks.manifest import canonical, load_manifest, new_zone, read_zone_id, seal
 
 AckMode = Literal["landed", "consumed"]
 
@@ -107,6 +107,7 @@ class LandingWriter:
         self.path = path
         self.run_id = run_id
         self.source_kind = source_kind
+        self.zone_id = ""  # set by prepare()
 
     @property
     def dirs(self) -> tuple[Path, Path, Path]:
@@ -121,6 +122,7 @@ class LandingWriter:
             for entry in os.scandir(d):
                 if layout.is_temp(entry.name):
                     os.unlink(entry.path)
+        self.zone_id = self._identity()
         landed = set(layout.seqs_in(manifests))
         for entry in os.scandir(data):
             seq = layout.data_seq(entry.name)
@@ -133,6 +135,20 @@ class LandingWriter:
         for d in (self.path, *self.dirs):
             fsync_dir(d)
         return max([*landed, *markers], default=0)
+
+    def _identity(self) -> str:
+        """The zone's id; a zone without one (new, or made by an older cdcd) gets it now, once.
+
+        Consumers bind their target to it: a zone removed and created again (a
+        re-snapshot) starts its batch seqs at 1 again and must not be taken for
+        the zone the target was built from.
+        """
+        zone = read_zone_id(self.path)
+        if zone is None:
+            doc = new_zone()
+            write_durably(self.path / layout.ZONE_FILE, canonical(doc))
+            zone = str(doc["zone_id"])
+        return zone
 
     def stage(self, batch: Batch) -> dict[str, Any]:
         """Write the data files durably; return the manifest that will publish them."""
@@ -165,6 +181,7 @@ class LandingWriter:
                 "version": layout.FORMAT_VERSION,
                 "batch_seq": batch.seq,
                 "run_id": self.run_id,
+                "zone_id": self.zone_id,
                 "source_kind": self.source_kind,
                 "created_at": datetime.now(UTC).isoformat(),
                 "event_count": rows,

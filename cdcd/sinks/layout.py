@@ -5,6 +5,7 @@ LANDING/
   manifests/<seq:020d>.json      a batch is visible once its manifest is here
   data/<seq:020d>-<n:04d>.parquet one file per table (per schema version) per batch
   consumed/<seq:020d>            written by the consumer once the batch is in the target
+  zone.json                      the zone's identity, created once with the zone
 ```
 
 Temporary files start with ``.`` and end with ``.tmp``: Spark, pyarrow and
@@ -18,11 +19,14 @@ import re
 from pathlib import Path
 
 FORMAT_NAME = "cdcd-landing"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Manifest versions this cdcd reads: 1 has no ``zone_id``, otherwise the same.
+READABLE_VERSIONS = (1, 2)
 
 MANIFESTS = "manifests"
 DATA = "data"
 CONSUMED = "consumed"
+ZONE_FILE = "zone.json"
 
 _MANIFEST_RE = re.compile(r"^(\d{20})\.json$")
 _DATA_RE = re.compile(r"^(\d{20})-(\d{4})\.parquet$")

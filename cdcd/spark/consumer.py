@@ -25,10 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from cdcd.sinks.landing import landed_seqs, mark_consumed
 from cdcd.sinks.layout import MANIFESTS, manifest_name
-from cdcd.sinks.manifest import load_manifest
+from cdcd.sinks.manifest import load_manifest, read_zone_id
 from cdcd.spark.jars import local_settings
 from cdcd.spark.merge import LandedFile, TableResult, apply_table
-from cdcd.spark.state import ConsumerState, TableState, TargetStore
+from cdcd.spark.state import ConsumerState, ForeignZone, TableState, TargetStore
 
 DEFAULT_BUCKETS = 16
 #: Events applied in one merge at most: each merge has a fixed cost of a few Spark jobs, so
@@ -98,6 +98,7 @@ class Consumer:
             self.apply_upto(max(landed_seqs(self.landing), default=0))
 
     def apply_upto(self, upto: int) -> None:
+        zone = self._check_zone()
         pending = [s for s in landed_seqs(self.landing) if self.state.applied_seq < s <= upto]
         for seq in landed_seqs(self.landing):  # committed before a crash that came before the marker
             if seq <= self.state.applied_seq and not self._marked(seq):
@@ -106,6 +107,7 @@ class Consumer:
         segment: list[tuple[int, dict[str, Any]]] = []
         size = 0
         for seq, manifest in manifests:
+            self._same_zone(zone, seq, manifest)
             # one daemon run per merge: the dedupe of re-delivered events relies on it
             if segment and (manifest["run_id"] != segment[0][1]["run_id"] or size >= MAX_SEGMENT_EVENTS):
                 self._apply_segment(segment)
@@ -114,6 +116,20 @@ class Consumer:
             size += int(manifest["event_count"])
         if segment:
             self._apply_segment(segment)
+
+    def _check_zone(self) -> str | None:
+        """Refuse a landing zone this target was not built from (docs/landing-format.md, zone identity)."""
+        zone = read_zone_id(self.landing)
+        note = self.store.check_zone(zone, self.landing, self.state.applied_seq)
+        if note:
+            _log(note)
+        return zone
+
+    def _same_zone(self, zone: str | None, seq: int, manifest: dict[str, Any]) -> None:
+        other = manifest.get("zone_id")  # absent in version 1 manifests
+        if zone is not None and other is not None and other != zone:
+            raise ForeignZone(f"landing zone {self.landing}: batch {seq} belongs to zone {other}, not to this "
+                              f"zone ({zone}); remove the batches copied in from another zone")
 
     def _marked(self, seq: int) -> bool:
         return (self.landing / "consumed" / f"{seq:020d}").exists()
@@ -194,6 +210,9 @@ def run(
         consumer = LakehouseConsumer(spark, landing_path, target_path, fmt)
     try:
         consumer.apply_upto(max(landed_seqs(landing_path), default=0))
+    except ForeignZone as exc:  # the arguments point at a zone and a target that do not go together
+        _log(str(exc))
+        return 2
     except Exception as exc:  # a failed batch is reported and retried by the next run
         _log(f"failed: {exc}")
         return 1

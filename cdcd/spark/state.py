@@ -6,6 +6,10 @@ micro-batch is staged under ``TARGET/work/``, then committed by writing
 ``TARGET/state/journal.json`` (the moves to make and the new state); the
 moves are replayed from the journal after a crash, so a micro-batch is in
 the target entirely or not at all, whatever Spark's own checkpoint says.
+
+``TARGET/state/zone.json`` binds the target to the one landing zone it is
+built from (the zone's ``zone_id``, docs/landing-format.md): batch seqs are
+only meaningful within one zone.
 """
 
 from __future__ import annotations
@@ -17,12 +21,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cdcd.errors import CdcdError
 from cdcd.fsutil import fsync_dir, write_durably
 
 STATE_DIR = "state"
 WORK_DIR = "work"
 TABLES_DIR = "tables"
 CHANGELOG_DIR = "changelog"
+ZONE_BINDING = "zone.json"
+
+
+class ForeignZone(CdcdError):
+    """The landing zone is not the one the target was built from."""
 
 
 @dataclass(slots=True)
@@ -75,6 +85,44 @@ class TargetStore:
 
     def save(self, state: ConsumerState) -> None:
         write_durably(self.state_dir / "consumer.json", json.dumps(state.to_json(), indent=1).encode())
+
+    def bound_zone(self) -> str | None:
+        """The zone_id of the landing zone this target is built from; None before the first binding."""
+        path = self.state_dir / ZONE_BINDING
+        if not path.exists():
+            return None
+        return str(json.loads(path.read_text())["zone_id"])
+
+    def bind_zone(self, zone_id: str, landing: Path) -> None:
+        doc = {"zone_id": zone_id, "landing": str(landing)}
+        write_durably(self.state_dir / ZONE_BINDING, json.dumps(doc).encode())
+
+    def check_zone(self, zone_id: str | None, landing: Path, applied_seq: int) -> str:
+        """Bind a new target to the zone, or refuse a zone the target does not belong to.
+
+        Returns a line for the log when it bound the target, else "". A zone
+        without an identity (an older daemon, not restarted since) and a target
+        without a binding (an older consumer) cannot be checked: the target is
+        bound to the zone the first time both are known.
+        """
+        if zone_id is None:
+            return ""
+        bound = self.bound_zone()
+        if bound is None:
+            self.bind_zone(zone_id, landing)
+            if applied_seq:
+                return (f"target {self.target} (applied up to batch {applied_seq}, no zone binding yet) is now "
+                        f"bound to landing zone {zone_id}")
+            return ""
+        if bound != zone_id:
+            raise ForeignZone(
+                f"landing zone {landing} (zone_id {zone_id}) does not belong to target {self.target}, which was "
+                f"built from landing zone {bound}: the zone was created again (e.g. by a re-snapshot, which "
+                "numbers batches from 1 again), so applying it here would skip or mix batches. Point --target at "
+                "a new, empty directory for this zone (and retire the old target once the new one is complete), "
+                f"or point --landing at zone {bound}. Nothing was applied or marked consumed."
+            )
+        return ""
 
     def commit(self, journal: dict[str, Any]) -> ConsumerState:
         """Make the staged micro-batch the target's content: journal first, then the moves."""

@@ -237,13 +237,13 @@ def test_sigkill_then_restart_replays_only_unacked_batches(
     d = Daemon(cfg, http)
     daemons.append(d)
     d.wait_ready()
-    d.wait("snapshot landed", lambda: landed(tmp_path))
+    d.wait("snapshot landed", lambda: sum(len(r) for r in landed(tmp_path).values()) == 21)  # + its truncate
     snapshot = sorted(landed(tmp_path))
     for seq in snapshot:
         mark_consumed(tmp_path / "landing", seq)
-    d.wait("snapshot committed", lambda: d.stats()["events_committed"] == 20)
+    d.wait("snapshot committed", lambda: d.stats()["events_committed"] == 21)  # and its opening truncate
     insert_rows(pg_server, pg_db, 1001, 80, per_tx=20)
-    d.wait("80 streamed events landed", lambda: sum(len(r) for r in landed(tmp_path).values()) == 100)
+    d.wait("80 streamed events landed", lambda: sum(len(r) for r in landed(tmp_path).values()) == 101)
     before = landed(tmp_path)
     streamed = sorted(set(before) - set(snapshot))
     acked = [*snapshot, *streamed[:2]]
@@ -260,7 +260,7 @@ def test_sigkill_then_restart_replays_only_unacked_batches(
     d2 = Daemon(cfg, http)
     daemons.append(d2)
     d2.wait_ready()
-    d2.wait("replay committed", lambda: d2.stats()["events_committed"] >= 100)
+    d2.wait("replay committed", lambda: d2.stats()["events_committed"] >= 101)
     d2.proc.send_signal(signal.SIGTERM)
     assert d2.exit_code() == ExitCode.OK
     after = landed(tmp_path)
@@ -270,7 +270,7 @@ def test_sigkill_then_restart_replays_only_unacked_batches(
     assert unacked_ids and sorted(replayed) == sorted(unacked_ids)  # every unacked event once more ...
     assert not acked_ids & set(replayed)  # ... and nothing that was acked
     final = CheckpointStore(tmp_path / "state").load()
-    assert final is not None and final.event_count == 100 and final.batch_seq >= max(after)
+    assert final is not None and final.event_count == 101 and final.batch_seq >= max(after)
 
 
 # -- sd_notify, HTTP, one daemon per state directory, stop and status ---------------------------
@@ -367,7 +367,7 @@ def test_notify_http_single_daemon_stop_and_status(
         assert "STATUS" in received[ready_at]
 
         # Counters move with a workload and the exposition parses.
-        d.wait("snapshot committed", lambda: _metrics(d)["cdcd_events_committed_total"] == 30)
+        d.wait("snapshot committed", lambda: _metrics(d)["cdcd_events_committed_total"] == 31)  # and its truncate
         first = _metrics(d)
         insert_rows(pg_server, pg_db, 501, 40)
         d.wait("40 more events", lambda: _metrics(d)["cdcd_events_committed_total"] >= first[
@@ -434,9 +434,9 @@ def test_sigquit_force_stops(pg_server: PostgresServer, pg_db: str, tmp_path: Pa
     d = Daemon(cfg, http)
     daemons.append(d)
     d.wait_ready()
-    d.wait("snapshot committed", lambda: d.stats()["events_committed"] == 5)
+    d.wait("snapshot committed", lambda: d.stats()["events_committed"] == 6)  # and its opening truncate
     force = subprocess.run([CDCD, "force-stop", "-c", str(cfg)], capture_output=True, text=True, timeout=WAIT_S)
     assert force.returncode == 0, force.stderr
     assert d.exit_code() == ExitCode.FORCE_STOPPED
     ckpt = CheckpointStore(tmp_path / "state").load()
-    assert ckpt is not None and ckpt.event_count == 5
+    assert ckpt is not None and ckpt.event_count == 6

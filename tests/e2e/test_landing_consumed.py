@@ -109,7 +109,7 @@ format = "json"
             next_id += n
             landed.append(len(landed_seqs(landing)))
             rss.append(vm_rss(daemon.pid))
-        total = next_id - 1
+        total = next_id - 1 + 1  # the rows and the (empty) snapshot's opening truncate
         assert daemon.poll() is None
         assert landed == [INFLIGHT] * len(MORE_ROWS), "the daemon kept landing with no batch consumed"
         assert consumed_seqs(landing) == []

@@ -75,7 +75,7 @@ async def _start_failing(pg_server: PostgresServer, db: str, tmp_path: Path,
     store = FlakyStore(config.state.path)
     rt = Runtime(config, source=make_source(config), sink=make_sink(config), store=store)
     await rt.start()
-    await _wait_for("the snapshot committed", lambda: rt.stats.events_committed >= ROWS)
+    await _wait_for("the snapshot committed", lambda: rt.stats.events_committed >= ROWS + 1)
     store.failing = True
     for i in range(6):
         pg_server.psql(f"INSERT INTO items SELECT g, 'w' FROM generate_series({100 + i * 10}, {109 + i * 10}) g", db)
@@ -104,11 +104,11 @@ async def test_failed_save_is_retried_on_a_timer_and_the_pipeline_resumes(
         on_disk = CheckpointStore(store.path).load()
         assert on_disk is not None and on_disk.event_count == committed
         store.failing = False
-        await _wait_for("every row committed", lambda: rt.stats.events_committed >= ROWS + 60)
+        await _wait_for("every row committed", lambda: rt.stats.events_committed >= ROWS + 1 + 60)
         assert rt.status()["checkpoint_failing"] is False and rt.stats.checkpoint_failing_since is None
         await rt.stop()
         on_disk = CheckpointStore(store.path).load()
-        assert on_disk is not None and on_disk.event_count == ROWS + 60
+        assert on_disk is not None and on_disk.event_count == ROWS + 1 + 60  # + the snapshot's opening truncate
     finally:
         if rt.state is RuntimeState.RUNNING:
             await rt.force_stop()
@@ -146,8 +146,8 @@ async def test_graceful_stop_while_saves_keep_failing_names_the_checkpoint_and_l
     rt = Runtime(rt.config, source=make_source(rt.config), sink=make_sink(rt.config), store=store)
     await rt.start()
     try:
-        await _wait_for("every row committed after the restart", lambda: rt.stats.events_committed >= ROWS + 60)
+        await _wait_for("every row committed after the restart", lambda: rt.stats.events_committed >= ROWS + 1 + 60)
     finally:
         await rt.stop()
     on_disk = CheckpointStore(store.path).load()
-    assert on_disk is not None and on_disk.event_count == ROWS + 60
+    assert on_disk is not None and on_disk.event_count == ROWS + 1 + 60  # + the snapshot's opening truncate

@@ -77,7 +77,7 @@ async def test_running_and_stopped_cells(pg_server: PostgresServer, items_db: st
     await rt.stop()  # running -> stopping -> stopped
     assert rt.state is RuntimeState.STOPPED
     ckpt = CheckpointStore(config.state.path).load()
-    assert ckpt is not None and ckpt.event_count == ROWS
+    assert ckpt is not None and ckpt.event_count == ROWS + 1  # the rows and the snapshot's opening truncate
     # stopped: stop and force_stop are no-ops; start runs again and delivers nothing twice.
     await rt.stop()
     assert await rt.force_stop() == []
@@ -85,10 +85,10 @@ async def test_running_and_stopped_cells(pg_server: PostgresServer, items_db: st
     await rt.start()
     assert rt.state is RuntimeState.RUNNING
     pg_server.psql("INSERT INTO items VALUES (1000, 'after restart')", items_db)
-    await _wait_for(lambda: rt.stats.events_committed >= ROWS + 1)
+    await _wait_for(lambda: rt.stats.events_committed >= ROWS + 2)
     await rt.stop()
     ckpt = CheckpointStore(config.state.path).load()
-    assert ckpt is not None and ckpt.event_count == ROWS + 1
+    assert ckpt is not None and ckpt.event_count == ROWS + 2
 
 
 async def test_stopping_cells_and_refused_stop_then_force_stop(

@@ -70,7 +70,7 @@ async def test_batch_lands_with_typed_columns_and_metadata(tmp_path: Path) -> No
     [landed] = read_batches(tmp_path)
     assert landed.seq == 7 and not landed.consumed
     m = landed.manifest
-    assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 1, 7, 6)
+    assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 2, 7, 6)
     assert m["first_position"] == PgPosition(100, 0).encoded and m["last_position"] == PgPosition(500, 1).encoded
     assert [f["rows"] for f in m["files"]] == [5, 1]
     orders = landed.tables[ORDERS.table]
@@ -210,3 +210,25 @@ async def test_tampered_manifest_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     with pytest.raises(SinkFatal, match="checksum"):
         read_batches(tmp_path)
+
+
+async def test_zone_identity_is_created_once_and_stamped_on_every_manifest(tmp_path: Path) -> None:
+    from cdcd.sinks.manifest import load_manifest, read_zone_id, seal
+
+    sink = LandingSink(tmp_path, source_kind="postgres")
+    await sink.open()
+    zone = read_zone_id(tmp_path)
+    assert zone is not None and len(zone) == 32
+    await sink.deliver(mixed_batch(1))
+    await sink.close()
+    again = LandingSink(tmp_path, source_kind="postgres")
+    await again.open()  # a restart keeps the identity
+    await again.deliver(mixed_batch(2))
+    await again.close()
+    assert read_zone_id(tmp_path) == zone
+    assert [b.manifest["zone_id"] for b in read_batches(tmp_path)] == [zone, zone]
+    # a version 1 manifest (no zone_id) stays readable
+    path = tmp_path / "manifests" / "00000000000000000001.json"
+    old = {k: v for k, v in load_manifest(path).items() if k not in ("zone_id", "checksum")}
+    path.write_text(json.dumps(seal({**old, "version": 1})))
+    assert "zone_id" not in load_manifest(path)

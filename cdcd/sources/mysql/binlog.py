@@ -41,6 +41,8 @@ _EVENTS = [
     bl.QueryEvent, bl.RotateEvent, bl.FormatDescriptionEvent, bl.XidEvent, bl.GtidEvent, bl.MariadbGtidEvent,
     bl.MariadbGtidListEvent, bl.HeartbeatLogEvent, rows.WriteRowsEvent, rows.UpdateRowsEvent, rows.DeleteRowsEvent,
     bl.NotImplementedEvent,  # so the decoder sees event types the library cannot decode (compressed ones)
+    # the library drops events whose class is not listed: these must reach the decoder, which refuses or uses them
+    bl.XAPrepareEvent, rows.PartialUpdateRowsEvent,
 ]
 
 

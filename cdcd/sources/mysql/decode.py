@@ -44,7 +44,19 @@ COMPRESSED_EVENTS = {
     168: "DELETE_ROWS_COMPRESSED_EVENT_V1", 169: "WRITE_ROWS_COMPRESSED_EVENT", 170: "UPDATE_ROWS_COMPRESSED_EVENT",
     171: "DELETE_ROWS_COMPRESSED_EVENT",
 }
+#: MySQL 8's compressed transactions (binlog_transaction_compression = ON): one event holding the whole
+#: transaction's events, which pymysqlreplication cannot unpack.
+TRANSACTION_PAYLOAD_EVENT = 40
+#: Event types that carry no row changes and that pymysqlreplication hands over undecoded: passed over.
+#: Every other undecoded type is fatal (it may hold rows: skipping it would be a silent gap).
+HARMLESS_EVENTS = frozenset({
+    0, 1, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,  # legacy and statement context events
+    27, 28, 29, 34, 35, 36, 37, 41,  # heartbeat, ignorable, rows query, anonymous/previous GTIDs, group repl.
+    160, 161, 163, 164,  # MariaDB annotate rows, binlog checkpoint, GTID list, start encryption
+})
+_LOG_EVENT_IGNORABLE_F = 0x80  # header flag: a replica that does not know the event may skip it
 _FL_STANDALONE = 1  # MariaDB GTID flag: the transaction is one statement (DDL), no XID follows
+_FL_PREPARED_XA = 64  # MariaDB GTID flag: the group is an XA transaction's XA PREPARE (its rows)
 _TX_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "XA ", "RELEASE SAVEPOINT")
 
 
@@ -77,6 +89,7 @@ class Decoder:
         self.tx_gtid: tuple[Any, ...] | None = None
         self.tx_standalone = False
         self.tx_explicit = False
+        self.tx_xa = False  # the open group is the XA PREPARE part of a two-phase XA transaction
         self.seq = 0
         self.tx_events = 0
         self.last_ts: datetime | None = None
@@ -93,6 +106,7 @@ class Decoder:
         self.tx_gtid = gtid
         self.tx_standalone = standalone
         self.tx_explicit = explicit
+        self.tx_xa = False
         self.seq = 0
         self.tx_events = 0
 
@@ -166,12 +180,37 @@ class Decoder:
         handler = _HANDLERS.get(type(ev))
         if handler is None:
             return []
+        if self.tx_start is not None:
+            # Seqs count from the event's offset in its transaction, so that a position depends on the binlog
+            # alone: never on which tables are captured (source.tables) or on what was skipped before it. An
+            # event of n bytes takes at most n - 1 seqs (a rows event has fewer rows than bytes), so the next
+            # event's seqs are all higher.
+            self.seq = max(self.seq, event_start(ev) - self.tx_start)
         return handler(self, ev)
 
+    def _where(self, ev: Any) -> str:
+        return f"{self.file}:{event_start(ev)}"
+
     def _on_not_implemented(self, ev: bl.NotImplementedEvent) -> list[Item]:
-        kind = COMPRESSED_EVENTS.get(int(ev.packet.event_type))
+        code = int(ev.packet.event_type)
+        kind = COMPRESSED_EVENTS.get(code)
         if kind is None:
-            return []  # an event type that carries no row changes (annotations, checkpoints...)
+            if code == TRANSACTION_PAYLOAD_EVENT:
+                raise SourceFatal(
+                    f"the binlog holds a TRANSACTION_PAYLOAD_EVENT at {self._where(ev)}: the server compresses "
+                    "transactions (binlog_transaction_compression = ON), which cdcd cannot decode, and skipping it "
+                    "would lose those changes. SET GLOBAL binlog_transaction_compression = OFF (and in my.cnf), then "
+                    "re-snapshot: stop cdcd, move the state directory (state.path) and the landing zone aside and "
+                    "start again")
+            if code in HARMLESS_EVENTS or int(ev.packet.flags) & _LOG_EVENT_IGNORABLE_F:
+                return []  # an event type that carries no row changes (annotations, checkpoints...)
+            what = "an INCIDENT_EVENT (the server recorded that events were lost)" if code == 26 else \
+                f"an event of type {code}, which cdcd does not know"
+            raise SourceFatal(
+                f"the binlog holds {what} at {self._where(ev)}; it may carry row changes, and passing over it would "
+                "leave a silent gap in the mirror. Check the server's binlog settings against docs/mysql.md, then "
+                "re-snapshot: stop cdcd, move the state directory (state.path) and the landing zone aside and "
+                "start again")
         raise SourceFatal(
             f"the binlog holds a {kind} at {self.file}:{event_start(ev)}: the server compresses its binlog "
             "(log_bin_compress = ON), which cdcd cannot decode, and skipping it would lose those changes. "
@@ -194,7 +233,21 @@ class Decoder:
     def _on_maria_gtid(self, ev: bl.MariadbGtidEvent) -> list[Item]:
         standalone = bool(ev.flags & _FL_STANDALONE)
         self._begin(ev, (ev.domain_id, ev.server_id, ev.gtid_seq_no), standalone, not standalone)
+        self.tx_xa = bool(ev.flags & _FL_PREPARED_XA)
         return []
+
+    def _on_xa_prepare(self, ev: bl.XAPrepareEvent) -> list[Item]:
+        """The end of an XA transaction's XA PREPARE group (MySQL: or of an XA COMMIT ... ONE PHASE)."""
+        return self._commit(ev)
+
+    def _on_partial_update(self, ev: rows.PartialUpdateRowsEvent) -> list[Item]:
+        if TableId(ev.schema, ev.table) not in self.tables:
+            return []
+        raise SourceFatal(
+            f"the binlog holds a PARTIAL_UPDATE_ROWS_EVENT for {ev.schema}.{ev.table} at {self._where(ev)}: the "
+            "server logs JSON updates as partial diffs (binlog_row_value_options = PARTIAL_JSON), which leave the "
+            "new JSON value unknown. SET GLOBAL binlog_row_value_options = '' (and in my.cnf), then re-snapshot: "
+            "stop cdcd, move the state directory (state.path) and the landing zone aside and start again")
 
     def _on_mysql_gtid(self, ev: bl.GtidEvent) -> list[Item]:
         sid, _, gno = ev.gtid.rpartition(":")
@@ -211,9 +264,11 @@ class Decoder:
             if self.tx_start is None:
                 self._begin(ev, None, False, True)
             self.tx_explicit = True
+            self.tx_xa = self.tx_xa or head.startswith("XA START")
             return []
-        if head.startswith("COMMIT") or (head.startswith("ROLLBACK") and not head.startswith("ROLLBACK TO")):
-            return self._commit(ev)
+        if head.startswith("COMMIT") or (head.startswith("ROLLBACK") and not head.startswith("ROLLBACK TO")) \
+                or head.startswith("XA COMMIT") or head.startswith("XA ROLLBACK"):
+            return self._commit(ev)  # an XA outcome is a group of its own: no rows in it
         if head.startswith(_TX_CONTROL):
             return []
         if self.tx_start is None:
@@ -263,6 +318,15 @@ class Decoder:
             return []
         if self.tx_start is None:
             self._begin(ev, None, False, False)
+        if self.tx_xa:
+            raise SourceFatal(
+                f"the binlog holds a two-phase XA transaction ({self.tx_id}) that changes captured table {table}, "
+                f"at {self._where(ev)}: the server logs its rows at XA PREPARE and its outcome (XA COMMIT or XA "
+                "ROLLBACK) as a later, separate event group, and cdcd does not stage prepared transactions, so it "
+                "cannot tell committed rows from rolled-back ones. Keep captured tables out of XA transactions (or "
+                "on MariaDB commit them with XA COMMIT ... ONE PHASE, an ordinary transaction in its binlog), then "
+                "re-snapshot: stop cdcd, move the state directory (state.path) and the landing zone aside and start "
+                "again")
         items: list[Item] = []
         d = self._schema_for(ev, table, items)
         ts = self._ts(ev)
@@ -324,4 +388,6 @@ _HANDLERS: dict[type, Callable[[Decoder, Any], list[Item]]] = {
     rows.UpdateRowsEvent: Decoder._on_rows,
     rows.DeleteRowsEvent: Decoder._on_rows,
     bl.NotImplementedEvent: Decoder._on_not_implemented,
+    bl.XAPrepareEvent: Decoder._on_xa_prepare,
+    rows.PartialUpdateRowsEvent: Decoder._on_partial_update,
 }

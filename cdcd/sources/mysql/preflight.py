@@ -58,6 +58,20 @@ def _has_select(grants: list[str], databases: set[str]) -> bool:
     return False
 
 
+def undecodable_settings(v: dict[str, str]) -> list[str]:
+    """MySQL 8 settings that make the binlog hold events cdcd cannot decode: each with its fix."""
+    out = []
+    if v.get("binlog_transaction_compression", "OFF").upper() in ("ON", "1"):
+        out.append("the server compresses its binlog transactions (binlog_transaction_compression = ON), which cdcd "
+                   "cannot decode: SET GLOBAL binlog_transaction_compression = OFF and set it OFF in my.cnf "
+                   "(see docs/mysql.md)")
+    if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
+        out.append("the server logs JSON updates as partial diffs (binlog_row_value_options = PARTIAL_JSON), which "
+                   "leave the new value unknown: SET GLOBAL binlog_row_value_options = '' and set it empty in my.cnf "
+                   "(see docs/mysql.md)")
+    return out
+
+
 def evaluate(f: ServerFacts) -> list[CheckResult]:
     v = f.variables
     out: list[CheckResult] = []
@@ -88,6 +102,13 @@ def evaluate(f: ServerFacts) -> list[CheckResult]:
             f"SET GLOBAL log_bin_compress = OFF and set log_bin_compress = OFF in {cnf}: cdcd cannot decode "
             "compressed binlog events" if compressed else "",
         ))
+    if flavor == "mysql":
+        problems = undecodable_settings(v)
+        for name in ("binlog_transaction_compression", "binlog_row_value_options"):
+            mine = [p for p in problems if f"({name} =" in p]
+            have = v.get(name, "")
+            out.append(CheckResult(name, not mine, f"{name} = {have or '(empty)'}",
+                                   mine[0].split(": ", 1)[1] if mine else ""))
     sid = v.get("server_id", "")
     if f.server_id is None:
         out.append(CheckResult("server_id", False, "source.mysql.server_id is not set",

@@ -32,7 +32,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, RowBlock, TableId
+from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock, TableId, snapshot_truncates
 from cdcd.positions import MySqlPosition, Position, position_from_json
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -41,12 +41,13 @@ from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
-from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check
+from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
 from cdcd.sources.mysql.snapshot import (
     SnapshotTask,
     Snapshotter,
     Watermark,
+    load_table_schema,
     open_connection,
     parse_binlog_status,
 )
@@ -86,7 +87,7 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     history: SchemaHistory | None = None
     for item in items:
         if type(item) is ChangeEvent:
-            if item.snapshot:
+            if item.snapshot and item.op is not Op.TRUNCATE:  # a snapshot's opening truncate is no progress
                 last[str(item.table)] = item
             continue
         if type(item) is RowBlock:
@@ -248,7 +249,8 @@ class MySqlSource(Source):
         rows = await self._query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_bin', 'binlog_format', 'binlog_row_image', "
             "'binlog_row_metadata', 'server_id', 'gtid_mode', 'gtid_binlog_pos', 'gtid_purged', 'version', "
-            "'log_bin_compress', 'server_uuid', 'gtid_executed')")
+            "'log_bin_compress', 'server_uuid', 'gtid_executed', 'binlog_transaction_compression', "
+            "'binlog_row_value_options')")
         return {str(k).lower(): str(v) for k, v in rows}
 
     async def _server_facts(self, v: dict[str, str] | None = None) -> BinlogFacts:
@@ -292,6 +294,8 @@ class MySqlSource(Source):
         if v.get("log_bin_compress", "OFF").upper() in ("ON", "1"):
             raise SourceFatal("the server compresses its binlog (log_bin_compress = ON), which cdcd cannot decode: "
                               "SET GLOBAL log_bin_compress = OFF and set it OFF in my.cnf (see docs/mysql.md)")
+        for problem in undecodable_settings(v):
+            raise SourceFatal(problem)
         if v.get("server_id") == str(self.server_id):
             raise SourceFatal(f"source.mysql.server_id {self.server_id} is the server's own server_id: choose a "
                               "number unique among its replicas")
@@ -529,6 +533,11 @@ class MySqlSource(Source):
                 yield Mark("snapshot_start", at, {"tables": [str(t.table) for t in plan.snapshot_tasks]})
                 for mark in self._server_marks(at):
                     yield mark
+                # a new snapshot supersedes whatever an abandoned earlier one landed (docs/landing-format.md)
+                conn = await self._control()
+                schemas = [(await load_table_schema(conn, t.table))[0] for t in plan.snapshot_tasks]
+                for truncate in snapshot_truncates(schemas, at):
+                    yield truncate
             async for chunk in snap.run(plan.snapshot_tasks, at):
                 for item in chunk:
                     yield item

@@ -94,14 +94,17 @@ async def ensure_publication(conn: Any, publication: str, tables: list[TableId],
     one by hand, e.g. ``WITH (publish = 'insert')``).
     """
     have = await publication_tables(conn, publication)
+    publishes_changes = True
+    if have is not None:
+        publishes_changes = bool(await conn.fetchval(
+            "SELECT pubupdate OR pubdelete FROM pg_publication WHERE pubname = $1", publication))
+    # Before the publication is touched: a table without a usable replica identity in a publication that
+    # publishes updates makes PostgreSQL reject the application's UPDATE and DELETE on it.
+    problems = [p for t in tables if (p := identity_problem(infos[t])) is not None]
+    if problems and publishes_changes:
+        raise SourceFatal(" ".join(problems) + f" (Or create publication {publication!r} yourself, e.g. "
+                          "WITH (publish = 'insert'), if updates and deletes need not be captured.)")
     if have is None:
-        blind = [t for t in tables if not infos[t].identity_key and infos[t].replica_identity != "f"]
-        if blind:
-            names = ", ".join(quote_table(t) for t in blind)
-            raise SourceFatal(
-                f"{names}: no primary key and REPLICA IDENTITY is not FULL; in a publication PostgreSQL would "
-                f"reject UPDATE and DELETE on it. Add a primary key or run ALTER TABLE ... REPLICA IDENTITY FULL "
-                f"(or create publication {publication!r} yourself, e.g. WITH (publish = 'insert'))")
         names = ", ".join(quote_table(t) for t in tables)
         try:
             # Via the partition root: changes of a partitioned table arrive under its own name, not its leaves'.
@@ -145,15 +148,40 @@ class TableInfo:
     oid: int
     columns: tuple[ColumnInfo, ...]
     primary_key: tuple[str, ...]
-    identity_key: tuple[str, ...]  # replica identity index columns (may equal the primary key)
+    identity_key: tuple[str, ...]  # replica identity index columns (may equal the primary key); () if none usable
     replica_identity: str  # d, n, f, i
     estimate: int
     partitioned: bool = False
+    primary_deferrable: bool = False  # a DEFERRABLE primary key cannot be the replica identity
 
     @property
     def key(self) -> tuple[str, ...]:
-        """The landing key: the primary key, else the replica identity index."""
+        """The landing (and merge) key: the columns old-row images are sure to carry.
+
+        With REPLICA IDENTITY USING INDEX, deletes and key changes carry only
+        the index's columns, so the index is the key even when there is a
+        primary key; otherwise (DEFAULT, FULL) the primary key.
+        """
+        if self.replica_identity == "i" and self.identity_key:
+            return self.identity_key
         return self.primary_key or self.identity_key
+
+
+def identity_problem(info: TableInfo) -> str | None:
+    """Why the table's updates and deletes cannot be captured (and would fail once published), with the fix."""
+    t = quote_table(info.table)
+    fix = (f"run ALTER TABLE {t} REPLICA IDENTITY FULL, or ALTER TABLE {t} REPLICA IDENTITY USING INDEX on a "
+           "non-deferrable unique index over NOT NULL columns")
+    if info.replica_identity == "f" or info.identity_key:
+        return None
+    if info.replica_identity == "n":
+        return f"{t} has REPLICA IDENTITY NOTHING: updates and deletes cannot be captured; {fix}."
+    if info.primary_key and info.primary_deferrable:
+        return (f"{t}: its primary key ({', '.join(info.primary_key)}) is DEFERRABLE, which PostgreSQL cannot use "
+                "as a replica identity: in a publication it would reject the application's UPDATE and DELETE on "
+                f"the table; {fix}.")
+    return (f"{t} has no primary key and REPLICA IDENTITY is not FULL: in a publication PostgreSQL would reject "
+            f"UPDATE and DELETE on it; add a primary key, or {fix}.")
 
 
 async def table_info(conn: Any, table: TableId) -> TableInfo:
@@ -169,26 +197,29 @@ async def table_info(conn: Any, table: TableId) -> TableInfo:
         "FROM pg_attribute "
         "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", oid)
     keys = await conn.fetch(
-        "SELECT i.indisprimary, i.indisreplident, array_agg(a.attname ORDER BY k.ord) AS cols "
+        "SELECT i.indisprimary, i.indisreplident, i.indimmediate, array_agg(a.attname ORDER BY k.ord) AS cols "
         "FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
         "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-        "WHERE i.indrelid = $1 AND (i.indisprimary OR i.indisreplident) GROUP BY i.indexrelid, 1, 2", oid)
+        "WHERE i.indrelid = $1 AND (i.indisprimary OR i.indisreplident) GROUP BY i.indexrelid, 1, 2, 3", oid)
     primary: tuple[str, ...] = ()
     identity: tuple[str, ...] = ()
+    deferrable = False
     for k in keys:
         if k["indisprimary"]:
             primary = tuple(k["cols"])
-        if k["indisreplident"]:
+            deferrable = not k["indimmediate"]
+        if k["indisreplident"] and k["indimmediate"]:
             identity = tuple(k["cols"])
     ident = row["relreplident"]
     ident = ident.decode() if isinstance(ident, bytes) else str(ident)
     if ident == "d":
-        identity = primary
+        # PostgreSQL's default identity is the primary key only when it is not DEFERRABLE
+        identity = () if deferrable else primary
     return TableInfo(
         table, oid,
         tuple(ColumnInfo(c["attname"], c["atttypid"], c["atttypmod"], c["attndims"], c["attnotnull"], c["sqltype"])
               for c in cols),
-        primary, identity, ident, max(int(row["est"]), 0), bool(row["partitioned"]),
+        primary, identity, ident, max(int(row["est"]), 0), bool(row["partitioned"]), deferrable,
     )
 
 

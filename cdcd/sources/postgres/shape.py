@@ -76,8 +76,11 @@ def shape_from_relation(rel: Relation, info: TableInfo | None, registry: TypeReg
     )
     names = [c.name for c in rel.columns]
     key = info.key if info and all(k in names for k in info.key) else ()
+    flagged = tuple(c.name for c in rel.columns if c.key)  # the replica identity, as the server sends it
+    if rel.replica_identity in ("d", "i") and flagged and set(flagged) != set(key):
+        key = flagged  # the catalog is older than this Relation (the identity changed): the server's word wins
     if not key and rel.replica_identity != "f":
-        key = tuple(c.name for c in rel.columns if c.key)
+        key = flagged
     not_null = [by_name[c.name].not_null if c.name in by_name else False for c in rel.columns]
     schema = _schema(table, names, types, key, not_null, version)
     return TableShape(schema, types, tuple(c.key for c in rel.columns))

@@ -17,7 +17,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, TableId
+from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, snapshot_truncates
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.retry import source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -275,12 +275,15 @@ class PostgresSource(Source):
     # ------------------------------------------------------------ stream
 
     async def stream(self) -> AsyncIterator[Item]:
-        if self._start_mark is not None:
-            yield self._start_mark
-            self._start_mark = None
+        start, self._start_mark = self._start_mark, None
+        if start is not None:
+            yield start
         announce, self._announce = self._announce, []
         for mark in announce:
             yield mark
+        if start is not None and start.detail.get("snapshot"):
+            for truncate in snapshot_truncates([self._shapes[t].schema for t in self._tables], self._watermark):
+                yield truncate
         if self._reader is not None:
             self._phase = "snapshot"
             try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cdcd.events import ChangeEvent, Item, RowBlock, event_count
+from cdcd.events import ChangeEvent, Item, Op, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
 
@@ -45,7 +45,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for item in items:
         if isinstance(item, ChangeEvent | RowBlock):
-            if item.snapshot and event_count(item):
+            # a snapshot's opening truncate (events.snapshot_truncates) is no progress of its rows
+            if item.snapshot and item.op is not Op.TRUNCATE and event_count(item):
                 name = str(item.table)
                 last[name] = item
                 counts[name] = counts.get(name, 0) + event_count(item)

@@ -10,6 +10,7 @@ from typing import Any
 import aiomysql
 import pytest
 from my_helpers import Driver, apply, events_of
+from source_driver import opening_truncate
 
 from cdcd.config import Config
 from cdcd.devservers import MariaDBServer
@@ -161,3 +162,6 @@ async def test_mode_when_needed_resnapshots_when_the_binlog_is_gone(
         items = await d2.until_mark("snapshot_done")
     assert sorted(e.after["id"] for e in events_of(items)) == [1, 2]  # type: ignore[index]
     assert items[0].position > position  # type: ignore[operator]
+    # the re-snapshot supersedes what was landed before: it opens with a truncate at its own watermark
+    opening = [i for i in items if opening_truncate(i)]
+    assert len(opening) == 1 and opening[0].position == events_of(items)[0].position

@@ -7,6 +7,7 @@ from typing import Any
 
 import asyncpg
 from pg_helpers import Driver, marks
+from source_driver import opening_truncate
 from test_pg_types_roundtrip import DDL, VALUES, check
 
 from cdcd.config import Config
@@ -26,7 +27,7 @@ async def test_keyed_tables_come_as_blocks_keyless_ones_as_rows_with_equal_value
     async with Driver(make_config(["public.t", "public.k"]), expand_blocks=False) as d:
         items = await d.take(lambda got: bool(marks(got, "snapshot_done")))
     fast = blocks(items, "public.t")
-    rows = [i for i in items if isinstance(i, ChangeEvent)]
+    rows = [i for i in items if isinstance(i, ChangeEvent) and not opening_truncate(i)]
     assert fast and all(str(e.table) == "public.k" for e in rows) and len(rows) == 3
     check({r["id"]: r for b in fast for r in b.data.to_pylist()})
     check({e.after["id"]: e.after for e in rows if e.after})
