@@ -1,5 +1,5 @@
-"""Unusual types and a large value, end to end: `cdcd run` -> landing -> `cdcd spark run --once` (parquet;
-Delta too for PostgreSQL)
+"""Unusual types and a large value, end to end: `cdcd run` -> landing -> `cdcd spark run --once` (every format
+for PostgreSQL, Parquet for MariaDB)
 -> `cdcd verify` exits 0, for MariaDB (UUID, INET4/6, zero dates, FLOAT, an ENUM key) and PostgreSQL
 (an inet host address, ±infinity, a numeric NaN). The large value is 20 MB (snapshot and stream): the
 Spark job on this 2-core test machine runs with its default local settings (CDCD_SPARK_DRIVER_MEMORY
@@ -73,7 +73,7 @@ format = "json"
     verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     if fmt != "parquet":
-        return text  # verify read the Delta table through Spark; the files below are Parquet-mirror only
+        return text  # verify read the Delta or Iceberg table through Spark; the files below are Parquet-mirror only
     mirror = ds.dataset(target / "tables" / table).to_table()
     keys = list(zip(*(mirror.column(k).to_pylist() for k in key), strict=True))
     assert len(keys) == len(set(keys)) and max(len(v or "") for v in mirror.column("big").to_pylist()) >= BIG
@@ -116,7 +116,7 @@ chunk_rows = 1
     assert "zero date has no value in Arrow" in text
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+@pytest.mark.parametrize("fmt", ["parquet", "delta", "iceberg"])
 def test_postgres_inet_infinity_and_a_large_value_verify_equal(pg_server: PostgresServer, pg_db: str,
                                                                tmp_path: Path, fmt: str) -> None:
     pg_server.psql(
