@@ -290,14 +290,7 @@ def test_postgres_checkpoint_disk_full_recovers_then_spark_and_verify_agree(pg: 
 
             _checkpoint_outage(s, proc, hold)
         _finish(s, proc)
-        target = s.tmp / "target"
-        spark = subprocess.run([CDCD, "spark", "run", "--landing", str(s.landing), "--target", str(target), "--once",
-                                "--format", "parquet"], capture_output=True, text=True)
-        assert spark.returncode == 0, spark.stderr[-3000:]
-        cfg = s.config("landed")
-        verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)],
-                                capture_output=True, text=True)
-        assert verify.returncode == 0, verify.stdout + verify.stderr
+        s.spark_and_verify()
 
 
 def test_mariadb_checkpoint_disk_full_recovers(maria: MariaDisk) -> None:
@@ -312,6 +305,7 @@ def test_mariadb_checkpoint_disk_full_recovers(maria: MariaDisk) -> None:
 
             _checkpoint_outage(s, proc, hold)
         _finish(s, proc)
+        s.spark_and_verify()
 
 
 def test_postgres_landing_disk_full_recovers(pg: PgDisk) -> None:

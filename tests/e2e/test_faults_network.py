@@ -27,7 +27,7 @@ from typing import Any
 
 import pymysql
 import pytest
-from daemon_harness import CDCD, DaemonHarness
+from daemon_harness import DaemonHarness
 from faultproxy import FaultProxy
 
 from cdcd.devservers import MariaDBServer, PostgresServer, _binary, _service_user, _wait_port, free_port
@@ -172,15 +172,6 @@ class Setup(DaemonHarness):
         c = self.checkpoint()
         assert c is not None
         return int(c.source_state["snapshot"]["tables"][self.table_name]["last_key"][0])
-
-    def spark_and_verify(self) -> None:
-        target = self.tmp / "target"
-        spark = subprocess.run([CDCD, "spark", "run", "--landing", str(self.landing), "--target", str(target),
-                                "--once", "--format", "parquet"], capture_output=True, text=True)
-        assert spark.returncode == 0, spark.stderr[-3000:]
-        verify = subprocess.run([CDCD, "verify", "-c", str(self.tmp / "cdcd-0.toml"), "--target", str(target)],
-                                capture_output=True, text=True)
-        assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
 
     def close(self) -> None:
         self.consumer.done.set()
@@ -367,6 +358,7 @@ def test_mariadb_reset_and_refused_mid_snapshot_recovers(maria: MariaSetup) -> N
 
 def test_mariadb_server_restart_mid_snapshot_recovers(own_maria: MariaSetup) -> None:
     _mid_snapshot(own_maria, lambda: restart(own_maria.server))
+    own_maria.spark_and_verify()
 
 
 @pytest.mark.parametrize("source", ["pg", "maria"])
@@ -394,7 +386,9 @@ def _blackhole_while_streaming(s: Setup) -> dict[str, Any]:
         metrics = r.read().decode()
     reconnects = [line for line in metrics.splitlines() if line.startswith("cdcd_source_stream_reconnects_total ")]
     assert reconnects and float(reconnects[0].split()[1]) >= 1, metrics
-    return s.status()
+    status = s.status()
+    s.spark_and_verify()
+    return status
 
 
 def test_pg_blackhole_while_streaming_is_detected(pg: PgSetup) -> None:

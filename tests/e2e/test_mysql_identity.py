@@ -166,6 +166,7 @@ def test_gtid_failover_to_a_replica_lands_everything_written_on_it(
         run_sql(replica, "app", "INSERT INTO t VALUES (3000, 0, 'after-restart')")
         s.wait("writes after the restart landed", lambda: 3000 in s.landed_ids())
         assert s.replay() == table(replica)
+        s.spark_and_verify()  # through the proxy, which now leads to the new primary
     finally:
         s.close()
 
