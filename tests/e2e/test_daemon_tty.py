@@ -61,7 +61,7 @@ def test_live_display_on_a_tty(pg_server: PostgresServer, pg_db: str, tmp_path: 
         def drain() -> bool:
             for seq in landed_seqs(landing):
                 mark_consumed(landing, seq)
-            return "streaming" in text() and "400 events committed" in text()
+            return "streaming" in text() and "401 events committed" in text()  # 400 rows + the snapshot's truncate
 
         _wait("the streaming status line", drain)
     finally:
