@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench import scenarios
+from bench import peers, scenarios
 from bench.report import write_report
 from cdcd.devservers import MariaDBServer, PostgresServer
 
@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             ("latency", lambda: scenarios.pg_latency(pg, work / "latency", sizes)),
             ("rss", lambda: scenarios.pg_rss(pg, work / "rss", sizes)),
         ]
+        if not args.quick or (args.only and "debezium" in args.only):  # needs Maven and a JVM: not in smoke runs
+            plan.append(("debezium", lambda: peers.debezium(pg, maria, work / "debezium", sizes, results)))
         if not args.no_spark:
             plan.append(("spark", lambda: scenarios.spark_consumer(work / "pg_stream", work / "spark")))
         for name, run in plan:

@@ -32,6 +32,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         if "cdcd" in r:
             ours = f"{_fmt(r['cdcd'])} {r['unit']}"
             notes = [f"{_fmt(r['items'])} items in {_fmt(r['cdcd_seconds'])} s"]
+            notes.extend(r.get("notes", []))
             if r.get("peak_rss_mb") is not None:
                 notes.append(f"peak RSS {_fmt(r['peak_rss_mb'])} MB")
             if "applied_rate" in r:
@@ -59,7 +60,7 @@ def draw_chart(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pairs = [r for r in doc["results"] if "baseline_rate" in r]
+    pairs = [r for r in doc["results"] if "baseline_rate" in r and r.get("cdcd") is not None]
     latency = [r for r in doc["results"] if "p50_ms" in r]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
     short = {"PostgreSQL": "PG", "MariaDB": "Maria", " table": "", ", ": "\n"}
