@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,17 +91,16 @@ def build(build_dir: Path = BUILD, mvn: str = "mvn", repo: Path = JARS / ".m2", 
     return None
 
 
+@dataclass
 class DebeziumRun:
-    """One run of the counting engine: timed from process start, with its own figures."""
+    """One run of the counting engine."""
 
-    def __init__(self, seconds: float, events: int, from_start_jvm: float, from_first_event: float,
-                 first_key: str, peak_rss_mb: float | None) -> None:
-        self.seconds = seconds  # process start (JVM start-up included) until the last event
-        self.events = events
-        self.from_start_jvm = from_start_jvm  # the JVM's own clock, from its start
-        self.from_first_event = from_first_event
-        self.first_key = first_key  # the first counted event's key, e.g. "Struct{id=1}"
-        self.peak_rss_mb = peak_rss_mb
+    seconds: float  # process start (JVM start-up included) until the last event, as the bench saw it
+    events: int
+    from_start_jvm: float  # the JVM's own clock, from its start
+    from_first_event: float
+    first_key: str  # the first counted event's key, e.g. "Struct{id=1}"
+    peak_rss_mb: float | None
 
     @property
     def rate(self) -> float:
@@ -177,7 +177,7 @@ def _engine_base(work: Path) -> dict[str, str]:
 
 
 def pg_run(pg: PostgresServer, db: str, table: str, count: int, fill: Fill[PostgresServer], work: Path,
-            timeout: float = RUN_TIMEOUT_S) -> DebeziumRun:
+           timeout: float = RUN_TIMEOUT_S) -> DebeziumRun:
     slot = f"dbz_{table}"
     # a slot of its own, created before the workload: Debezium (no stored offset) streams from it
     pg.psql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')", db)
@@ -199,7 +199,7 @@ def pg_run(pg: PostgresServer, db: str, table: str, count: int, fill: Fill[Postg
 
 
 def maria_run(m: MariaDBServer, db: str, table: str, count: int, fill: Fill[MariaDBServer], work: Path,
-               timeout: float = RUN_TIMEOUT_S) -> DebeziumRun:
+              timeout: float = RUN_TIMEOUT_S) -> DebeziumRun:
     file, pos = m.sql("SHOW MASTER STATUS").split("\t")[:2]
     gtids = m.sql("SELECT @@GLOBAL.gtid_binlog_pos")
     fill(m, db, 1, count, 1000)
