@@ -20,11 +20,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
+from cdcd.landing.reader import LandedFile
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
 from cdcd.spark.merge import (
     MIRROR_META,
     ORDER,
-    LandedFile,
     action_rows,
     existing_rows,
     latest_per_key,

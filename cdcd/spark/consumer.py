@@ -23,11 +23,12 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from cdcd.sinks.landing import landed_seqs, mark_consumed
-from cdcd.sinks.layout import MANIFESTS, manifest_name
-from cdcd.sinks.manifest import load_manifest, read_zone_id
+from cdcd.landing.layout import MANIFESTS, manifest_name
+from cdcd.landing.manifest import load_manifest
+from cdcd.landing.reader import LandedFile, landed_seqs, mark_consumed, table_files
+from cdcd.landing.zone import read_zone_id
 from cdcd.spark.jars import local_settings
-from cdcd.spark.merge import LandedFile, TableResult, apply_table
+from cdcd.spark.merge import TableResult, apply_table
 from cdcd.spark.state import ConsumerState, ForeignZone, TableState, TargetStore
 
 DEFAULT_BUCKETS = 16
@@ -137,11 +138,9 @@ class Consumer:
     def _apply_segment(self, segment: list[tuple[int, dict[str, Any]]]) -> None:
         started = time.monotonic()
         run_id = segment[0][1]["run_id"]
-        per_table: dict[str, list[LandedFile]] = {}
-        for seq, manifest in segment:
-            for entry in manifest["files"]:
-                name = f"{entry['table']['schema']}.{entry['table']['name']}"
-                per_table.setdefault(name, []).append(LandedFile(seq, str(self.landing / entry["path"]), entry))
+        per_table: dict[str, list[LandedFile]] = {
+            f"{schema}.{name}": files for (schema, name), files in table_files(self.landing, segment).items()
+        }
         work = self.store.work_dir / f"{segment[0][0]:020d}"
         results: dict[str, TableResult] = {}
         for n, (table, files) in enumerate(sorted(per_table.items())):

@@ -34,12 +34,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdcd.sinks.landing import mark_consumed
+from cdcd.landing.reader import LandedFile, mark_consumed, table_files
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
 from cdcd.spark.consumer import Consumer
-from cdcd.spark.merge import LandedFile
 from cdcd.spark.state import ConsumerState, TableState
 
 ICEBERG_CATALOG = "cdcd"
@@ -442,16 +441,6 @@ def _register(spark: SparkSession, df: DataFrame, view: str) -> None:
 def _run(spark: SparkSession, statements_: list[str]) -> None:
     for s in statements_:
         spark.sql(s)
-
-
-def table_files(landing: Path, segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], list[LandedFile]]:
-    """The landed files of a run of batches, per (schema, table), in batch order."""
-    out: dict[tuple[str, str], list[LandedFile]] = {}
-    for seq, manifest in segment:
-        for entry in manifest["files"]:
-            name = (entry["table"]["schema"], entry["table"]["name"])
-            out.setdefault(name, []).append(LandedFile(seq, str(landing / entry["path"]), entry))
-    return out
 
 
 class LakehouseConsumer(Consumer):

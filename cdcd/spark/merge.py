@@ -23,19 +23,13 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
+from cdcd.landing.reader import LandedFile
 from cdcd.spark.state import TableState
 
 MIRROR_META = ("_cdc_op", "_cdc_pos", "_cdc_tx", "_cdc_commit_ts", "_cdc_batch")
 BUCKET = "cdc_bucket"
 _KIND = "_cdc_kind"  # U upsert, D delete, E existing mirror row
 _RANK = "_cdc_rank"  # existing rows sort before events at the same position
-
-
-@dataclass(slots=True)
-class LandedFile:
-    seq: int
-    path: str
-    entry: dict[str, Any]  # the manifest's file entry
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cdcd.devservers import PostgresServer, free_port
-from cdcd.sinks.landing import consumed_seqs, read_batches
+from cdcd.landing.reader import consumed_seqs, read_batches
 from cdcd.spark.verify import read_table
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cdcd.devservers import MariaDBServer
-from cdcd.sinks.landing import read_batches
+from cdcd.landing.reader import read_batches
 from cdcd.spark.verify import read_table
 
 pytestmark = pytest.mark.spark

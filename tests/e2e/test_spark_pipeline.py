@@ -15,7 +15,7 @@ import pytest
 
 from cdcd.config import load_config
 from cdcd.devservers import PostgresServer, free_port
-from cdcd.sinks.landing import read_batches
+from cdcd.landing.reader import read_batches
 from cdcd.spark.verify import read_table, verify
 
 pytestmark = pytest.mark.spark

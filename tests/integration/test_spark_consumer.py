@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
+from cdcd.landing.reader import consumed_seqs
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.landing import LandingSink, consumed_seqs
+from cdcd.sinks.landing import LandingSink
 
 pytestmark = pytest.mark.spark
 FORMATS = ["delta", "iceberg", "parquet"]
