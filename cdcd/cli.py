@@ -238,7 +238,7 @@ def cmd_checkpoint_rollback(args: argparse.Namespace) -> int:
 
 def cmd_spark_run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "auto", stream="stderr")
-    run = importlib.import_module("cdcd.spark.consumer").run  # the landing issue's module, loaded on use
+    run = importlib.import_module("cdcd.spark.job").run  # loaded on use: it imports pyspark
 
     return int(run(args.landing, args.target, args.once, args.format, args.checkpoint))
 

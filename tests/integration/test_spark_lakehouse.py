@@ -54,7 +54,7 @@ def small(i: int, **over: object) -> dict[str, object]:
 
 
 def prepared(landing: Path, seqs: list[int], table: tuple[str, str] = ORDERS, watermark: str = "") -> Prepared:
-    from cdcd.spark.consumer import session
+    from cdcd.spark.session import session
 
     segment = [(s, read_batch(landing, s, verify=False).manifest) for s in seqs]
     return prepare(session(), table_files(landing, segment)[table], watermark)
