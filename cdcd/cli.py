@@ -233,7 +233,7 @@ def cmd_checkpoint_rollback(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-# -- spark / verify (implemented in cdcd.spark) ------------------------------------------
+# -- spark / verify (implemented in cdcd.spark and cdcd.verify) --------------------------
 
 
 def cmd_spark_run(args: argparse.Namespace) -> int:
@@ -246,7 +246,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     config = _config(args)
     _quiet_logging(config)
-    verify = importlib.import_module("cdcd.spark.verify").verify
+    verify = importlib.import_module("cdcd.verify").verify
 
     return int(verify(config, args.target))
 

@@ -15,7 +15,7 @@ from daemon_harness import DaemonHarness, rows
 
 from cdcd.config import load_config
 from cdcd.devservers import PostgresServer
-from cdcd.spark.verify import verify
+from cdcd.verify import verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ import pytest
 
 from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import consumed_seqs, read_batches
-from cdcd.spark.verify import read_table
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))

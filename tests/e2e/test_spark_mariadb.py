@@ -16,7 +16,7 @@ import pytest
 
 from cdcd.devservers import MariaDBServer
 from cdcd.landing.reader import read_batches
-from cdcd.spark.verify import read_table
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))

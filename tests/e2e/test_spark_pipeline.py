@@ -16,7 +16,8 @@ import pytest
 from cdcd.config import load_config
 from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import read_batches
-from cdcd.spark.verify import read_table, verify
+from cdcd.verify import verify
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))

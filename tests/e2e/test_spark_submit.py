@@ -18,7 +18,7 @@ from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
 from cdcd.spark import jars
-from cdcd.spark.verify import read_table
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 

@@ -90,7 +90,7 @@ async def land(path: Path, batches: list[list[ChangeEvent]], seqs: list[int]) ->
 
 def rows_of(target: Path, table: str, kind: str = "tables") -> list[dict[str, Any]]:
     """A mirror or change-log of any format (Parquet, Delta Lake, Iceberg), as verify reads it."""
-    from cdcd.spark.verify import read_table
+    from cdcd.verify.mirror import read_table
 
     found = read_table(target, table, kind)
     assert found is not None, f"no {kind} table {table} under {target}"
