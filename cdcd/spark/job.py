@@ -49,8 +49,7 @@ def make_strategy(fmt: str, spark: SparkSession, store: TargetStore, buckets: in
 
 
 class Consumer:
-    """Applies landed batches to the target through the format's strategy; shared by the stream handler and
-    the start-up catch-up."""
+    """Applies landed batches through the format's strategy; for the stream handler and the start-up catch-up."""
 
     def __init__(self, spark: SparkSession, landing: Path, target: Path, fmt: str = "parquet",
                  buckets: int = DEFAULT_BUCKETS) -> None:
@@ -157,7 +156,12 @@ def run(
     except Exception as exc:  # a failed batch is reported and retried by the next run
         log(f"failed: {exc}")
         return 1
-    manifests = landing_path / MANIFESTS
+    return _stream(spark, consumer, landing_path, checkpoint or str(target_path / "checkpoint"), once)
+
+
+def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: str, once: bool) -> int:
+    """Apply new manifests as they appear, until done (``once``) or SIGTERM/SIGINT; the exit code."""
+    manifests = landing / MANIFESTS
     manifests.mkdir(exist_ok=True)
     stream = (
         spark.readStream.format("text")
@@ -166,9 +170,7 @@ def run(
         .option("ignoreMissingFiles", "true")  # consumed batches may be expired meanwhile
         .load(str(manifests))
     )
-    writer = stream.writeStream.foreachBatch(consumer.on_micro_batch).option(
-        "checkpointLocation", checkpoint or str(target_path / "checkpoint")
-    )
+    writer = stream.writeStream.foreachBatch(consumer.on_micro_batch).option("checkpointLocation", checkpoint)
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="1 second")
     query = writer.start()
     stop = threading.Event()
