@@ -123,7 +123,6 @@ def _bucket(key: list[Column], buckets: int) -> Column:
     return F.pmod(F.xxhash64(*key), F.lit(buckets)).cast("int")
 
 
-
 @dataclass(slots=True)
 class TableInput:
     """One table of a segment: its landed files, its state before the merge, where its output goes."""

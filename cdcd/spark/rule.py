@@ -41,7 +41,6 @@ def read_events(spark: SparkSession, files: list[LandedFile]) -> DataFrame:
     return out
 
 
-
 def latest_per_key(
     cols: list[str], key: list[str], unavailable: set[str], order: Column
 ) -> tuple[list[Column], list[str], Callable[[str], Column]]:
