@@ -293,7 +293,7 @@ def workloads_fill_big(pg: PostgresServer, db: str, rows: int) -> None:
 def spark_consumer(stream_work: Path, target: Path) -> list[Row]:
     """Events/s applied to the mirror by ``cdcd spark run --once`` over the streaming run's landing zone."""
     landing = stream_work / "landing"
-    from cdcd.sinks.landing import read_batches
+    from cdcd.landing.reader import read_batches
 
     events = sum(sum(t.num_rows for t in b.tables.values()) for b in read_batches(landing, verify=False))
     began = time.perf_counter()

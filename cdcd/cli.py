@@ -233,12 +233,12 @@ def cmd_checkpoint_rollback(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-# -- spark / verify (implemented in cdcd.spark) ------------------------------------------
+# -- spark / verify (implemented in cdcd.spark and cdcd.verify) --------------------------
 
 
 def cmd_spark_run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "auto", stream="stderr")
-    run = importlib.import_module("cdcd.spark.consumer").run  # the landing issue's module, loaded on use
+    run = importlib.import_module("cdcd.spark.job").run  # loaded on use: it imports pyspark
 
     return int(run(args.landing, args.target, args.once, args.format, args.checkpoint))
 
@@ -246,7 +246,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     config = _config(args)
     _quiet_logging(config)
-    verify = importlib.import_module("cdcd.spark.verify").verify
+    verify = importlib.import_module("cdcd.verify").verify
 
     return int(verify(config, args.target))
 

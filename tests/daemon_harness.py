@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcd.checkpoint.store import Checkpoint
-from cdcd.sinks.landing import LandedBatch, mark_consumed, read_batches
+from cdcd.landing.reader import LandedBatch, mark_consumed, read_batches
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 WAIT_S = 90.0

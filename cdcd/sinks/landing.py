@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,11 +29,12 @@ import pyarrow.parquet as pq
 from cdcd.errors import SinkError, SinkFatal
 from cdcd.events import ChangeEvent, RowBlock, TableId, TableSchema
 from cdcd.fsutil import fsync_dir, storage_fix, write_durably
+from cdcd.landing import layout
+from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
+from cdcd.landing.manifest import batch_manifest, canonical, file_entry
+from cdcd.landing.zone import ensure_zone_id
 from cdcd.runtime.interfaces import Batch, Sink
-from cdcd.sinks import layout
 from cdcd.sinks.arrow import block_to_table, describe_schema, events_to_table
-from cdcd.sinks.layout import CONSUMED, DATA, MANIFESTS
-from cdcd.sinks.manifest import canonical, load_manifest, new_zone, read_zone_id, seal
 
 AckMode = Literal["landed", "consumed"]
 
@@ -122,7 +121,7 @@ class LandingWriter:
             for entry in os.scandir(d):
                 if layout.is_temp(entry.name):
                     os.unlink(entry.path)
-        self.zone_id = self._identity()
+        self.zone_id = ensure_zone_id(self.path)
         landed = set(layout.seqs_in(manifests))
         for entry in os.scandir(data):
             seq = layout.data_seq(entry.name)
@@ -135,20 +134,6 @@ class LandingWriter:
         for d in (self.path, *self.dirs):
             fsync_dir(d)
         return max([*landed, *markers], default=0)
-
-    def _identity(self) -> str:
-        """The zone's id; a zone without one (new, or made by an older cdcd) gets it now, once.
-
-        Consumers bind their target to it: a zone removed and created again (a
-        re-snapshot) starts its batch seqs at 1 again and must not be taken for
-        the zone the target was built from.
-        """
-        zone = read_zone_id(self.path)
-        if zone is None:
-            doc = new_zone()
-            write_durably(self.path / layout.ZONE_FILE, canonical(doc))
-            zone = str(doc["zone_id"])
-        return zone
 
     def stage(self, batch: Batch) -> dict[str, Any]:
         """Write the data files durably; return the manifest that will publish them."""
@@ -163,33 +148,9 @@ class LandingWriter:
             write_durably(data / name, blob, sync_dir=False)
             positions |= group.positions
             rows += group.rows
-            files.append(
-                {
-                    "path": f"{DATA}/{name}",
-                    "table": describe_schema(group.schema),
-                    "rows": table.num_rows,
-                    "bytes": len(blob),
-                    "sha256": hashlib.sha256(blob).hexdigest(),
-                    "first_position": min(group.positions),
-                    "last_position": max(group.positions),
-                }
-            )
+            files.append(file_entry(name, describe_schema(group.schema), table.num_rows, blob, group.positions))
         fsync_dir(data)
-        return seal(
-            {
-                "format": layout.FORMAT_NAME,
-                "version": layout.FORMAT_VERSION,
-                "batch_seq": batch.seq,
-                "run_id": self.run_id,
-                "zone_id": self.zone_id,
-                "source_kind": self.source_kind,
-                "created_at": datetime.now(UTC).isoformat(),
-                "event_count": rows,
-                "first_position": min(positions) if positions else None,
-                "last_position": max(positions) if positions else None,
-                "files": files,
-            }
-        )
+        return batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files)
 
     def publish(self, manifest: dict[str, Any]) -> None:
         manifests, _, _ = self.dirs
@@ -353,66 +314,3 @@ class LandingSink(Sink):
                 await self._watcher
             self._watcher = None
         self._acks.put_nowait(None)
-
-
-# ---- helpers for consumers and tests -------------------------------------------------------
-
-
-@dataclass(slots=True)
-class LandedFile:
-    table: TableId
-    schema: dict[str, Any]
-    data: pa.Table
-
-
-@dataclass(slots=True)
-class LandedBatch:
-    seq: int
-    manifest: dict[str, Any]
-    files: list[LandedFile] = field(default_factory=list)
-    consumed: bool = False
-
-    @property
-    def tables(self) -> dict[TableId, pa.Table]:
-        """One Arrow table per source table (files of several schema versions are unified)."""
-        out: dict[TableId, list[pa.Table]] = {}
-        for f in self.files:
-            out.setdefault(f.table, []).append(f.data)
-        return {t: pa.concat_tables(parts, promote_options="permissive") for t, parts in out.items()}
-
-
-def landed_seqs(path: Path | str) -> list[int]:
-    """Seqs of the visible batches, ascending (they may have gaps)."""
-    return layout.seqs_in(Path(path) / MANIFESTS)
-
-
-def read_batch(path: Path | str, seq: int, verify: bool = True) -> LandedBatch:
-    root = Path(path)
-    manifest = load_manifest(root / MANIFESTS / layout.manifest_name(seq))
-    batch = LandedBatch(seq, manifest, consumed=(root / CONSUMED / layout.consumed_name(seq)).exists())
-    for entry in manifest["files"]:
-        blob = (root / entry["path"]).read_bytes()
-        if verify and hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-            raise SinkFatal(f"landing zone {root}: {entry['path']} does not match its checksum in batch {seq}")
-        t = entry["table"]
-        batch.files.append(LandedFile(TableId(t["schema"], t["name"]), t, pq.read_table(pa.BufferReader(blob))))
-    return batch
-
-
-def read_batches(path: Path | str, verify: bool = True) -> list[LandedBatch]:
-    """Every visible batch in seq order, with its manifest and data."""
-    return [read_batch(path, seq, verify) for seq in landed_seqs(path)]
-
-
-def mark_consumed(path: Path | str, seq: int) -> None:
-    """Record durably that the consumer has committed batch ``seq`` into its target."""
-    consumed = Path(path) / CONSUMED
-    consumed.mkdir(parents=True, exist_ok=True)
-    write_durably(consumed / layout.consumed_name(seq), f"{time.time():.6f}\n".encode())
-
-
-def consumed_seqs(path: Path | str) -> list[int]:
-    d = Path(path) / CONSUMED
-    if not d.is_dir():
-        return []
-    return sorted(s for s in (layout.consumed_seq(e.name) for e in os.scandir(d)) if s is not None)

@@ -1,11 +1,11 @@
 """One action per key for a MERGE INTO target (Delta Lake / Iceberg).
 
-The same rule as ``cdcd.spark.merge`` (DESIGN.md section 6): per key the
+The rule of ``cdcd.spark.rule`` (DESIGN.md section 6): per key the
 event with the highest (``_cdc_pos``, ``_cdc_batch``, ``_cdc_index``) wins;
 deletes and the old key of a key change remove the row; a truncate drops
 the events before it; a column an event left unavailable takes the latest
 earlier value of that key in the micro-batch; key changes follow
-``merge.resolve_moves``. It differs from the bucket rewrite of ``merge.py``
+``rule.resolve_moves``. It differs from the bucket rewrite of ``cdcd.spark.parquet``
 in one way: the mirror's existing rows take part only for the keys that a
 key change touches. The MERGE compares positions with the others instead,
 and an unavailable column with no earlier value in the micro-batch stays
@@ -20,19 +20,18 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
+from cdcd.landing.reader import LandedFile
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
-from cdcd.spark.merge import (
+from cdcd.spark.rule import (
+    KIND,
     MIRROR_META,
     ORDER,
-    LandedFile,
     action_rows,
     existing_rows,
     latest_per_key,
     read_events,
     resolve_moves,
 )
-
-_KIND = "_cdc_kind"  # U upsert, D delete, E a mirror row
 
 
 @dataclass(slots=True)
@@ -94,7 +93,7 @@ def collapse(
     """The MERGE source (one row per key) and the columns whose value it may leave unknown.
 
     ``mirror`` (the target table) is read only when the events change a key: the
-    key-change rule (``merge.resolve_moves``) needs the mirror's rows of the keys
+    key-change rule (``rule.resolve_moves``) needs the mirror's rows of the keys
     involved; then, as in the Parquet rewrite, they take part in the ordering and
     a key whose latest row is the mirror's own gets no action.
     """
@@ -116,8 +115,8 @@ def collapse(
             actions = actions.unionByName(old)
         actions = resolve_moves(actions, key, kept_cols)
     aggs, keep, value = latest_per_key(cols, key, found.unavailable, F.struct(*ORDER))
-    grouped = actions.groupBy(*key).agg(*aggs).filter(F.col("_f").getField(_KIND) != "E")
-    deleted = F.col("_f").getField(_KIND) == "D"
+    grouped = actions.groupBy(*key).agg(*aggs).filter(F.col("_f").getField(KIND) != "E")
+    deleted = F.col("_f").getField(KIND) == "D"
     unknown = [F.when(F.col(f"_v{i}").isNull(), F.lit(c)) for i, c in enumerate(keep)]
     still_unknown = F.filter(F.array(*unknown), lambda x: x.isNotNull()) if unknown else F.array()
     out = grouped.select(

@@ -4,24 +4,22 @@ Per micro-batch and table: the events are collapsed to one action per key
 (``cdcd.spark.collapse``), a truncate becomes ``DELETE ... WHERE _cdc_pos <
 <truncate>``, then one ``MERGE INTO`` applies the actions to the mirror and
 an insert-only ``MERGE INTO`` adds the new events to the change-log. Every
-statement is idempotent, so the consumer's journal (``cdcd.spark.state``)
+statement is idempotent, so the job's journal (``cdcd.spark.state``)
 records the applied batch after all of them and a crash in between is
-repaired by applying the batch again. Only usable when the format's jars
+repaired by applying the batch again (``LakehouseStrategy``, the job's
+``ApplyStrategy`` for both formats). Only usable when the format's jars
 are on Spark's classpath.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import (
     ArrayType,
@@ -34,24 +32,19 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdcd.sinks.landing import mark_consumed
+from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
-from cdcd.spark.consumer import Consumer
-from cdcd.spark.merge import LandedFile
-from cdcd.spark.state import ConsumerState, TableState
+from cdcd.spark.session import FORMAT_SETTINGS, session
+from cdcd.spark.state import TableState, TargetStore
+from cdcd.spark.strategy import Applied, Segment
 
 ICEBERG_CATALOG = "cdcd"
 _FETCH = "run scripts/bootstrap.sh (it fetches the jars into .jars/) or set CDCD_SPARK_JARS to a directory holding them"
 _MARKER_CLASS = {
     "delta": ("io.delta.sql.DeltaSparkSessionExtension", jars.packages_line(jars.DELTA_PACKAGES)),
     "iceberg": ("org.apache.iceberg.spark.SparkCatalog", jars.packages_line(jars.ICEBERG_PACKAGES)),
-}
-#: Session settings fixed when the session starts (Spark refuses to change them later).
-_STATIC = {
-    "delta": {"spark.sql.extensions": jars.DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": jars.DELTA_CATALOG},
-    "iceberg": {"spark.sql.extensions": jars.ICEBERG_EXTENSION},
 }
 #: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping. A small
 #: batch must not rewrite the data files of a large mirror: Delta marks changed rows in deletion vectors,
@@ -65,35 +58,6 @@ _LOG_PROPERTIES = {"delta": {}, "iceberg": {"format-version": "2"}}
 FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
 
 
-def _log(message: str) -> None:
-    print(f"cdcd-spark: {message}", file=sys.stderr, flush=True)
-
-
-def lakehouse_session(fmt: str) -> SparkSession:
-    """The session with the format's SQL extension (and Delta's catalog).
-
-    Started locally, the session gets the cached jars and both formats' settings
-    (``cdcd.spark.jars.local_settings``). Under spark-submit, the settings are
-    added to the ones given with ``--conf`` (extending ``spark.sql.extensions``)
-    before the session starts; the jars come from ``--packages`` or ``--jars``.
-    """
-    from cdcd.spark.consumer import session, under_spark_submit
-
-    if SparkSession.getActiveSession() is None and under_spark_submit():
-        SparkContext._ensure_initialized()  # attaches to spark-submit's JVM, so that SparkConf() shows its values
-        conf = SparkConf()
-        builder = SparkSession.builder
-        for k, v in _STATIC[fmt].items():
-            have = conf.get(k, "") or ""
-            if k == "spark.sql.extensions" and have and v not in have.split(","):
-                v = f"{have},{v}"
-            elif have:
-                v = have
-            builder = builder.config(k, v)
-        builder.getOrCreate()
-    return session()  # the consumer's run-time settings, on this session
-
-
 def check_format(spark: SparkSession, fmt: str) -> str | None:
     """None when ``fmt`` can be used in this session, else what to do about it."""
     cls, packages = _MARKER_CLASS[fmt]
@@ -104,7 +68,7 @@ def check_format(spark: SparkSession, fmt: str) -> str | None:
     except Exception:
         return (f"--format {fmt}: {cls} is not on Spark's classpath; {_FETCH}, or start the job with "
                 f"spark-submit {packages} (docs/spark.md)")
-    for k, v in _STATIC[fmt].items():
+    for k, v in FORMAT_SETTINGS[fmt].items():
         have = spark.conf.get(k, "") or ""
         if v not in have.split(","):
             return f"--format {fmt}: the session was started without --conf {k}={v} (docs/spark.md)"
@@ -149,7 +113,7 @@ def check_target(spark: SparkSession, fmt: str, target: Path) -> str | None:
 
 def prepare_run(fmt: str, target: Path) -> str | None:
     """Start the session for ``fmt``; None when the run can go on, else the problem (exit 2)."""
-    spark = lakehouse_session(fmt)
+    spark = session(fmt)
     return check_format(spark, fmt) or check_target(spark, fmt, target)
 
 
@@ -444,47 +408,25 @@ def _run(spark: SparkSession, statements_: list[str]) -> None:
         spark.sql(s)
 
 
-def table_files(landing: Path, segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], list[LandedFile]]:
-    """The landed files of a run of batches, per (schema, table), in batch order."""
-    out: dict[tuple[str, str], list[LandedFile]] = {}
-    for seq, manifest in segment:
-        for entry in manifest["files"]:
-            name = (entry["table"]["schema"], entry["table"]["name"])
-            out.setdefault(name, []).append(LandedFile(seq, str(landing / entry["path"]), entry))
-    return out
+class LakehouseStrategy:
+    """``--format delta|iceberg``: each table of a segment through ``apply_lakehouse_table`` (MERGE INTO)."""
 
-
-class LakehouseConsumer(Consumer):
-    """The stream handler of ``Consumer`` with MERGE INTO instead of the Parquet bucket rewrite."""
-
-    def __init__(self, spark: SparkSession, landing: Path, target: Path, fmt: str) -> None:
-        super().__init__(spark, landing, target)
-        self.names = Names(fmt, target)
-        marker = self.store.state_dir / FORMAT_MARKER
+    def __init__(self, spark: SparkSession, store: TargetStore, fmt: str) -> None:
+        self.spark = spark
+        self.names = Names(fmt, store.target)
+        self.label = f"{fmt}: "
+        marker = store.state_dir / FORMAT_MARKER
         if not marker.exists():
             marker.write_text(fmt + "\n")
 
-    def _apply_segment(self, segment: list[tuple[int, dict[str, Any]]]) -> None:
-        started = time.monotonic()
-        run_id = segment[0][1]["run_id"]
-        new_state = ConsumerState(segment[-1][0], dict(self.state.tables))
-        events = 0
-        timings: dict[str, dict[str, float]] = {}
-        for (schema, table), files in sorted(table_files(self.landing, segment).items()):
+    def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
+        # every statement is idempotent: a crash before the job's commit applies the batches again
+        out = Applied()
+        for (schema, table), files in sorted(segment.tables().items()):
             name = f"{schema}.{table}"
-            timings[name] = {}
+            out.timings[name] = {}
             state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
-                                             self.state.tables.get(name, TableState()), run_id, timings[name])
-            new_state.tables[name] = state
-            events += n
-        # every statement above is idempotent: a crash before this commit applies the batches again
-        self.state = self.store.commit({"state": new_state.to_json(), "files": [], "buckets": []})
-        for seq, _ in segment:
-            mark_consumed(self.landing, seq)
-        self.applied_events += events
-        self.applied_seconds += time.monotonic() - started
-        took = time.monotonic() - started
-        jobs = ", ".join(f"{t} {j} {s:.1f}s" for t, js in timings.items() for j, s in js.items())
-        _log(f"applied batches {segment[0][0]}..{segment[-1][0]}: {events} events in {len(timings)} tables, "
-             f"{took:.1f}s ({self.names.fmt}: {jobs})")
-
+                                             tables.get(name, TableState()), segment.run_id, out.timings[name])
+            out.tables[name] = state
+            out.events += n
+        return out

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.daemon.exitcodes import ExitCode
 from cdcd.devservers import PostgresServer, free_port
-from cdcd.sinks.landing import mark_consumed, read_batches
+from cdcd.landing.reader import mark_consumed, read_batches
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 WAIT_S = 90.0

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from cdcd.devservers import PostgresServer
-from cdcd.sinks.landing import landed_seqs, mark_consumed
+from cdcd.landing.reader import landed_seqs, mark_consumed
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

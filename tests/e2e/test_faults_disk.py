@@ -30,7 +30,7 @@ import pytest
 from daemon_harness import DaemonHarness, rows
 
 from cdcd.devservers import MariaDBServer, PostgresServer, free_port
-from cdcd.sinks.landing import landed_seqs
+from cdcd.landing.reader import landed_seqs
 
 pytestmark = pytest.mark.slow
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -31,7 +31,7 @@ from daemon_harness import DaemonHarness
 from faultproxy import FaultProxy
 
 from cdcd.devservers import MariaDBServer, PostgresServer, _binary, _service_user, _wait_port, free_port
-from cdcd.sinks.landing import landed_seqs, mark_consumed, read_batch
+from cdcd.landing.reader import landed_seqs, mark_consumed, read_batch
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.devservers import PostgresServer, free_port
-from cdcd.sinks.landing import consumed_seqs, landed_seqs
+from cdcd.landing.reader import consumed_seqs, landed_seqs
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -15,14 +15,14 @@ from daemon_harness import DaemonHarness, rows
 
 from cdcd.config import load_config
 from cdcd.devservers import PostgresServer
-from cdcd.spark.verify import verify
+from cdcd.verify import verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
-    from cdcd.spark.consumer import session
+    from cdcd.spark.session import session
 
     s = session()
     yield s
@@ -54,7 +54,7 @@ class Setup(DaemonHarness):
         assert proc.wait(60) == 0, self.tail()
 
     def consume(self) -> None:
-        from cdcd.spark.consumer import run
+        from cdcd.spark.job import run
 
         assert run(str(self.landing), str(self.target), once=True) == 0
 
@@ -103,7 +103,7 @@ def test_when_needed_resnapshot_supersedes_the_consumed_generation(spark: object
 def test_consumer_refuses_a_recreated_landing_zone(spark: object, setup: Setup, capsys: Any) -> None:
     import shutil
 
-    from cdcd.spark.consumer import run
+    from cdcd.spark.job import run
 
     s = setup
     s.run_until_landed(1000)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from cdcd.devservers import MariaDBServer
-from cdcd.sinks.landing import read_batches
-from cdcd.spark.verify import read_table
+from cdcd.landing.reader import read_batches
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -15,8 +15,9 @@ import pytest
 
 from cdcd.config import load_config
 from cdcd.devservers import PostgresServer, free_port
-from cdcd.sinks.landing import read_batches
-from cdcd.spark.verify import read_table, verify
+from cdcd.landing.reader import read_batches
+from cdcd.verify import verify
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))
@@ -25,7 +26,7 @@ FORMATS = ["delta", "iceberg", "parquet"]
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
-    from cdcd.spark.consumer import session
+    from cdcd.spark.session import session
 
     s = session()
     yield s
@@ -105,7 +106,7 @@ def rows(target: Path, table: str, kind: str = "tables") -> list[dict[str, Any]]
 def test_mixed_workload_with_daemon_crash_converges(
     spark: object, pg_server: PostgresServer, pg_db: str, tmp_path: Path, fmt: str
 ) -> None:
-    from cdcd.spark.consumer import run
+    from cdcd.spark.job import run
 
     pg_server.psql(
         "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text, big text);"
@@ -168,7 +169,7 @@ def test_key_change_with_unchanged_toast_and_a_key_shift(
     one statement on a deferrable key with REPLICA IDENTITY FULL (`id = id + 1` over
     ids 1..3 leaves ids 2..4). `cdcd verify` exits 0 after each step.
     """
-    from cdcd.spark.consumer import run
+    from cdcd.spark.job import run
 
     pg_server.psql(
         "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text, big text);"

@@ -13,11 +13,12 @@ import pytest
 
 import cdcd.spark.consumer
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
+from cdcd.landing.reader import consumed_seqs
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.landing import LandingSink, consumed_seqs
+from cdcd.sinks.landing import LandingSink
 from cdcd.spark import jars
-from cdcd.spark.verify import read_table
+from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
 

@@ -19,7 +19,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from cdcd.devservers import MariaDBServer, PostgresServer
-from cdcd.sinks.landing import read_batches
+from cdcd.landing.reader import read_batches
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))

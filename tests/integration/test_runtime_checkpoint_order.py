@@ -17,11 +17,11 @@ import pytest
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config, parse_config
 from cdcd.devservers import PostgresServer
+from cdcd.landing.layout import MANIFESTS, manifest_name
+from cdcd.landing.manifest import load_manifest
+from cdcd.landing.reader import landed_seqs, mark_consumed
 from cdcd.runtime.runtime import Runtime
 from cdcd.sinks import make_sink
-from cdcd.sinks.landing import landed_seqs, mark_consumed
-from cdcd.sinks.layout import MANIFESTS, manifest_name
-from cdcd.sinks.manifest import load_manifest
 from cdcd.sources import make_source
 
 BIG = 60_000

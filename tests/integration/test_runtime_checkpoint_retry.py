@@ -20,9 +20,9 @@ from cdcd.checkpoint.store import CheckpointStore
 from cdcd.config import Config, parse_config
 from cdcd.devservers import PostgresServer
 from cdcd.errors import StateError
+from cdcd.landing.reader import landed_seqs
 from cdcd.runtime.runtime import Runtime, RuntimeState
 from cdcd.sinks import make_sink
-from cdcd.sinks.landing import landed_seqs
 from cdcd.sources import make_source
 
 ROWS = 25

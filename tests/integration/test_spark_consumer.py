@@ -13,9 +13,10 @@ import pyarrow as pa
 import pytest
 
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
+from cdcd.landing.reader import consumed_seqs
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.landing import LandingSink, consumed_seqs
+from cdcd.sinks.landing import LandingSink
 
 pytestmark = pytest.mark.spark
 FORMATS = ["delta", "iceberg", "parquet"]
@@ -36,7 +37,7 @@ TS = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[object]:
-    from cdcd.spark.consumer import session
+    from cdcd.spark.session import session
 
     s = session()
     yield s
@@ -89,7 +90,7 @@ async def land(path: Path, batches: list[list[ChangeEvent]], seqs: list[int]) ->
 
 def rows_of(target: Path, table: str, kind: str = "tables") -> list[dict[str, Any]]:
     """A mirror or change-log of any format (Parquet, Delta Lake, Iceberg), as verify reads it."""
-    from cdcd.spark.verify import read_table
+    from cdcd.verify.mirror import read_table
 
     found = read_table(target, table, kind)
     assert found is not None, f"no {kind} table {table} under {target}"
@@ -110,7 +111,7 @@ def changelog_positions(target: Path, table: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_consumer_applies_every_kind_of_change_exactly_once(spark: object, tmp_path: Path, fmt: str) -> None:
-    from cdcd.spark.consumer import run
+    from cdcd.spark.job import run
 
     landing, target = tmp_path / "landing", tmp_path / "target"
     h = history()
@@ -150,7 +151,7 @@ async def test_consumer_applies_every_kind_of_change_exactly_once(spark: object,
 
 
 async def test_crash_inside_a_micro_batch_is_rolled_back_or_forward(spark: object, tmp_path: Path) -> None:
-    from cdcd.spark.consumer import Consumer, run
+    from cdcd.spark.job import Consumer, run
     from cdcd.spark.state import TargetStore
 
     landing, target = tmp_path / "landing", tmp_path / "target"
@@ -190,10 +191,10 @@ async def test_buckets_sized_from_rows_and_small_batches_rewrite_only_their_buck
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import cdcd.spark.merge as merge
-    from cdcd.spark.consumer import Consumer
+    import cdcd.spark.parquet as parquet
+    from cdcd.spark.job import Consumer
 
-    monkeypatch.setattr(merge, "ROWS_PER_BUCKET", 8)  # tiny buckets: the sizing shows on 100 rows
+    monkeypatch.setattr(parquet, "ROWS_PER_BUCKET", 8)  # tiny buckets: the sizing shows on 100 rows
     landing, target = tmp_path / "landing", tmp_path / "target"
     table = "public.log"
 

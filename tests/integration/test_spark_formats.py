@@ -31,7 +31,7 @@ def values(target: Path) -> dict[object, tuple[Decimal, str | None]]:
 
 
 def apply(landing: Path, target: Path, fmt: str) -> None:
-    from cdcd.spark.consumer import run
+    from cdcd.spark.job import run
 
     assert run(str(landing), str(target), once=True, fmt=fmt) == 0
 

@@ -32,11 +32,11 @@ from pyspark.sql.types import (
 from test_spark_consumer import LOG, V1, ev, land, row
 
 from cdcd.events import Op
+from cdcd.landing.reader import read_batch, table_files
 from cdcd.positions import PgPosition
-from cdcd.sinks.landing import read_batch
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
-from cdcd.spark.lakehouse import Names, check_target, schema_changes, statements, table_files
+from cdcd.spark.lakehouse import Names, check_target, schema_changes, statements
 
 pytestmark = pytest.mark.spark
 spark = test_spark_consumer.spark  # the module-scoped local Spark session fixture
@@ -54,7 +54,7 @@ def small(i: int, **over: object) -> dict[str, object]:
 
 
 def prepared(landing: Path, seqs: list[int], table: tuple[str, str] = ORDERS, watermark: str = "") -> Prepared:
-    from cdcd.spark.consumer import session
+    from cdcd.spark.session import session
 
     segment = [(s, read_batch(landing, s, verify=False).manifest) for s in seqs]
     return prepare(session(), table_files(landing, segment)[table], watermark)

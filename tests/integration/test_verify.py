@@ -17,7 +17,7 @@ import pytest
 
 from cdcd.config import Config, parse_config
 from cdcd.devservers import MariaDBServer, PostgresServer
-from cdcd.spark.verify import verify
+from cdcd.verify import verify
 
 TS = datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 

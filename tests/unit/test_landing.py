@@ -17,9 +17,10 @@ import pytest
 
 from cdcd.errors import SinkFatal
 from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
+from cdcd.landing.reader import consumed_seqs, landed_seqs, mark_consumed, read_batches
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.landing import LandingSink, consumed_seqs, landed_seqs, mark_consumed, read_batches
+from cdcd.sinks.landing import LandingSink
 
 ORDERS = TableSchema(
     TableId("public", "orders"),
@@ -213,7 +214,8 @@ async def test_tampered_manifest_is_refused(tmp_path: Path) -> None:
 
 
 async def test_zone_identity_is_created_once_and_stamped_on_every_manifest(tmp_path: Path) -> None:
-    from cdcd.sinks.manifest import load_manifest, read_zone_id, seal
+    from cdcd.landing.manifest import load_manifest, seal
+    from cdcd.landing.zone import read_zone_id
 
     sink = LandingSink(tmp_path, source_kind="postgres")
     await sink.open()

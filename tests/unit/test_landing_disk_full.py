@@ -13,9 +13,10 @@ import pytest
 
 from cdcd.errors import SinkError
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
+from cdcd.landing.reader import landed_seqs, read_batches
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.landing import LandingSink, landed_seqs, read_batches
+from cdcd.sinks.landing import LandingSink
 
 SMALL = TableSchema(TableId("public", "small"), (Column("k", pa.string(), "text"),), ("k",))
 BIG = TableSchema(TableId("public", "big"), (Column("id", pa.int64(), "bigint", nullable=False),

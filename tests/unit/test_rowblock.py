@@ -10,10 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from cdcd.events import ChangeEvent, Column, Mark, Op, RowBlock, TableId, TableSchema
+from cdcd.landing.reader import read_batch
 from cdcd.positions import PgPosition, format_lsn
 from cdcd.runtime.batcher import Batcher
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.landing import LandingWriter, read_batch
+from cdcd.sinks.landing import LandingWriter
 from cdcd.sources.postgres.state import fold_state
 
 T = TableSchema(

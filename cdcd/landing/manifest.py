@@ -1,16 +1,19 @@
-"""Batch manifests: what a landed batch holds, written last to make it visible."""
+"""Batch manifests: what a landed batch holds, written last to make it visible.
+
+The writer builds them with ``file_entry`` and ``batch_manifest`` (then ``seal``);
+readers check them with ``load_manifest``. The fields are docs/landing-format.md's.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cdcd.errors import SinkFatal
-from cdcd.sinks.layout import FORMAT_NAME, FORMAT_VERSION, READABLE_VERSIONS, ZONE_FILE
+from cdcd.landing.layout import DATA, FORMAT_NAME, FORMAT_VERSION, READABLE_VERSIONS
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -42,22 +45,34 @@ def load_manifest(path: Path) -> dict[str, Any]:
     return doc
 
 
-def new_zone() -> dict[str, Any]:
-    """A landing zone's identity document: created once, when the zone is created."""
-    return {"format": FORMAT_NAME, "zone_id": uuid.uuid4().hex, "created_at": datetime.now(UTC).isoformat()}
+def file_entry(name: str, table: dict[str, Any], rows: int, blob: bytes, positions: set[str]) -> dict[str, Any]:
+    """A manifest's entry for the data file ``data/<name>`` holding ``blob``."""
+    return {
+        "path": f"{DATA}/{name}",
+        "table": table,
+        "rows": rows,
+        "bytes": len(blob),
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "first_position": min(positions),
+        "last_position": max(positions),
+    }
 
 
-def read_zone_id(root: Path) -> str | None:
-    """The landing zone's identity; None for a zone an older cdcd created and no daemon has opened since."""
-    path = root / ZONE_FILE
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise SinkFatal(f"landing zone identity {path} cannot be read: {exc}; restore it (its zone_id is in "
-                        "every manifest landed since it was created)") from exc
-    zone = doc.get("zone_id") if isinstance(doc, dict) else None
-    if not isinstance(zone, str) or not zone:
-        raise SinkFatal(f"landing zone identity {path} has no zone_id; restore it from a manifest's zone_id")
-    return zone
+def batch_manifest(seq: int, run_id: str, zone_id: str, source_kind: str, rows: int, positions: set[str],
+                   files: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sealed manifest that publishes batch ``seq``'s data files."""
+    return seal(
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "batch_seq": seq,
+            "run_id": run_id,
+            "zone_id": zone_id,
+            "source_kind": source_kind,
+            "created_at": datetime.now(UTC).isoformat(),
+            "event_count": rows,
+            "first_position": min(positions) if positions else None,
+            "last_position": max(positions) if positions else None,
+            "files": files,
+        }
+    )

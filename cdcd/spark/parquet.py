@@ -1,0 +1,336 @@
+"""The Parquet mirror (``--format parquet``): hash-bucket directories rewritten and swapped in.
+
+Per micro-batch and table: the new events are written to the change-log,
+then every mirror bucket the events touch (all of them on a truncate or a
+schema change) is rewritten from its existing rows and the events, by the
+ordering rule of ``cdcd.spark.rule``. The staged files and directories are
+moved into place by the job's journal (``cdcd.spark.state``), so a
+micro-batch is in the target entirely or not at all.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType
+
+from cdcd.landing.reader import LandedFile
+from cdcd.spark.rule import (
+    KIND,
+    MIRROR_META,
+    ORDER,
+    action_rows,
+    existing_rows,
+    latest_per_key,
+    read_events,
+    resolve_moves,
+)
+from cdcd.spark.state import TableState, TargetStore
+from cdcd.spark.strategy import Applied, Segment
+
+BUCKET = "cdc_bucket"
+
+
+@dataclass(slots=True)
+class TableResult:
+    state: TableState
+    files: list[tuple[str, str]] = field(default_factory=list)  # changelog renames
+    buckets: list[tuple[str | None, str]] = field(default_factory=list)  # (new dir or None, mirror bucket dir)
+    events: int = 0
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per Spark job, for the log
+
+
+@contextmanager
+def _job(spark: SparkSession, result: TableResult, name: str) -> Iterator[None]:
+    """Name the Spark job (event log) and time it (the consumer's log line)."""
+    spark.sparkContext.setJobDescription(f"cdcd {name}")
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        result.timings[name] = result.timings.get(name, 0.0) + time.monotonic() - began
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+
+
+def _null_safe_join(left: DataFrame, right: DataFrame, cols: list[str]) -> DataFrame:
+    cond = [left[c].eqNullSafe(right[c]) for c in cols]
+    return left.join(right, on=cond, how="left_anti")
+
+
+def _changelog_events(
+    spark: SparkSession, events: DataFrame, key: list[str], prev: TableState, run_id: str, changelog: Path
+) -> DataFrame:
+    """Drop events the change-log already holds (re-delivered after a daemon crash).
+
+    Positions below the watermark were applied in order before; at the
+    watermark itself only snapshot rows of the same landing run are surely
+    new (they share one position), anything else is checked against the log.
+    """
+    w = F.lit(prev.watermark)
+    same_run_snapshot = F.col("_cdc_snapshot") & F.lit(run_id == prev.run_id)
+    ambiguous = (F.col("_cdc_pos") == w) & ~same_run_snapshot
+    if not any(changelog.glob("*.parquet")):
+        return events
+    logged = (
+        spark.read.option("mergeSchema", "true")
+        .parquet(str(changelog))
+        .filter(F.col("_cdc_pos") == w)
+        .select("_cdc_pos", "_cdc_op", *key)
+        .distinct()
+    )
+    return events.filter(~ambiguous).unionByName(
+        _null_safe_join(events.filter(ambiguous), logged, ["_cdc_pos", "_cdc_op", *key])
+    )
+
+
+#: Target rows per mirror bucket: a batch that touches one bucket rewrites about this many rows.
+ROWS_PER_BUCKET = 262_144
+MAX_BUCKETS = 4096
+
+
+def sized_buckets(rows: int, minimum: int) -> int:
+    """Buckets for a mirror of ``rows`` rows: a power of two, at least ``minimum``."""
+    want = -(-rows // ROWS_PER_BUCKET)
+    n = 1
+    while n < want and n < MAX_BUCKETS:
+        n *= 2
+    return max(minimum, n)
+
+
+def _observed(observation: Observation) -> dict[str, Any] | None:
+    """The metrics an action reported, or None when the node was optimised away."""
+    try:
+        return observation.get
+    except Exception:
+        return None
+
+
+def _parquet_rows(dirs: list[str]) -> int:
+    """Rows in the Parquet files of these directories, from their footers."""
+    return sum(pq.read_metadata(f).num_rows for d in dirs for f in Path(d).glob("*.parquet"))
+
+
+def _bucket(key: list[Column], buckets: int) -> Column:
+    return F.pmod(F.xxhash64(*key), F.lit(buckets)).cast("int")
+
+
+@dataclass(slots=True)
+class TableInput:
+    """One table of a segment: its landed files, its state before the merge, where its output goes."""
+
+    table: str
+    files: list[LandedFile]
+    prev: TableState
+    run_id: str
+    table_dir: Path
+    changelog_dir: Path
+    work: Path
+
+    @property
+    def cols(self) -> list[str]:
+        """The table's columns, latest schema."""
+        return [c["name"] for c in self.files[-1].entry["table"]["columns"]]
+
+    @property
+    def key(self) -> list[str]:
+        """The merge key: the key columns, or all columns when the table has none."""
+        return list(self.files[-1].entry["table"]["key"]) or self.cols
+
+
+@dataclass(slots=True)
+class Measured:
+    """What the mirror's plan depends on, measured while the change-log is written."""
+
+    events: int
+    truncate_pos: str | None
+    unavailable: set[str]
+    touched: set[int]  # buckets of the events' keys and of the old keys of key changes
+    key_changes: bool
+
+
+@dataclass(slots=True)
+class Rewrite:
+    """The mirror buckets one merge rewrites."""
+
+    buckets: int  # the table's bucket count after the merge
+    touched: set[int]  # the buckets rewritten
+    existing: set[int]  # the buckets on disk before the merge
+    dirs: list[str]  # the directories of the rewritten buckets that exist (their rows take part)
+
+
+def apply_table(spark: SparkSession, t: TableInput, default_buckets: int) -> TableResult:
+    """Stage the change-log files and the rewritten mirror buckets of one table.
+
+    Two Spark jobs whatever the number of landed batches: the change-log write,
+    which also measures what the mirror's plan needs (event count, truncate,
+    touched buckets), and the mirror write.
+    """
+    events = read_events(spark, t.files)
+    if t.prev.watermark:
+        events = events.filter(F.col("_cdc_pos") >= F.lit(t.prev.watermark))
+    # Not cached: the landed files are read twice (change-log, mirror), which costs less than caching them.
+    types = {f.name: f.dataType for f in events.schema.fields}
+    columns = [[c, types[c].simpleString()] for c in t.cols]
+    last_pos = max(f.entry["last_position"] for f in t.files)
+    state = TableState(max(t.prev.watermark, last_pos), t.run_id, columns, t.prev.buckets or default_buckets)
+    result = TableResult(state)
+    # the deduplicated events go on to the mirror too: a re-delivered event is already in it
+    log, found = _write_changelog(spark, t, events, types, result)
+    result.events = found.events
+    plan = _plan_rewrite(t, found, state)
+    _write_mirror(spark, t, _mirror_rows(spark, t, log, types, found, plan), plan, result)
+    return result
+
+
+def _write_changelog(spark: SparkSession, t: TableInput, events: DataFrame, types: dict[str, DataType],
+                     result: TableResult) -> tuple[DataFrame, Measured]:
+    """Stage the change-log files of the new events; the events without re-deliveries, and their measures."""
+    buckets = result.state.buckets
+    has_before_key = "_cdc_before_key" in events.columns
+    # change-log: every new event, each file in position order (no coalesce: it would serialise the job)
+    first_pos = min(f.entry["first_position"] for f in t.files)
+    log = events
+    if t.prev.watermark and first_pos <= t.prev.watermark:
+        log = _changelog_events(spark, events, t.key, t.prev, t.run_id, t.changelog_dir)
+    # everything the mirror plan depends on, measured while the change-log is written (no job of its own)
+    row_bucket = F.when(F.col("_cdc_op") != "t", _bucket([F.col(k).cast(types[k]) for k in t.key], buckets))
+    touched_sets = [F.collect_set(row_bucket).alias("touched")]
+    if has_before_key:
+        moved = [F.col("_cdc_before_key").getField(k).cast(types[k]) for k in t.key]
+        touched_sets.append(
+            F.collect_set(F.when(F.col("_cdc_before_key").isNotNull(), _bucket(moved, buckets))).alias("moved")
+        )
+        touched_sets.append(F.count_if(F.col("_cdc_before_key").isNotNull()).alias("key_changes"))
+    measures = [
+        F.count(F.lit(1)).alias("events"),
+        F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))).alias("truncate"),
+        F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))).alias("unavailable"),
+        *touched_sets,
+    ]
+    seen = Observation(f"cdcd-{uuid.uuid4().hex}")
+    observed = log.observe(seen, *measures)
+    staged_log = t.work / "changelog"
+    with _job(spark, result, "changelog"):
+        observed.sortWithinPartitions("_cdc_pos", "_cdc_batch", "_cdc_index").write.parquet(str(staged_log))
+    tag = uuid.uuid4().hex[:12]  # a replayed batch must never overwrite the log files of its first application
+    for n, part in enumerate(sorted(staged_log.glob("part-*.parquet"))):
+        result.files.append((str(part), str(t.changelog_dir / f"{t.files[0].seq:020d}-{tag}-{n:04d}.parquet")))
+    agg = _observed(seen)
+    if agg is None:  # not reported (the optimizer dropped the node): measure with a job of its own
+        first = log.agg(*measures).first()
+        assert first is not None
+        agg = first.asDict()
+    return log, Measured(
+        events=int(agg["events"]),
+        truncate_pos=agg["truncate"],
+        unavailable=set(agg["unavailable"] or ()),
+        touched={int(b) for name in ("touched", "moved") for b in agg.get(name) or ()},
+        key_changes=bool(int(agg.get("key_changes") or 0)),
+    )
+
+
+def _plan_rewrite(t: TableInput, found: Measured, state: TableState) -> Rewrite:
+    """Which buckets to rewrite, and how many the table has after the merge (updates ``state.buckets``)."""
+    touched = set(found.touched)
+    table_dir = t.table_dir
+    existing = {int(d.name.split("=", 1)[1]) for d in table_dir.glob(f"{BUCKET}=*")} if table_dir.is_dir() else set()
+    schema_changed = bool(t.prev.columns) and t.prev.columns != state.columns
+    rewrite_all = found.truncate_pos is not None or schema_changed or touched >= existing
+    if rewrite_all:
+        touched |= existing
+    # A new table gets buckets for its first rows; a table that outgrew its buckets gets more when
+    # this merge rewrites all of them anyway, so that a small batch later rewrites a small part.
+    buckets = state.buckets
+    if not t.prev.buckets and not existing:
+        buckets = sized_buckets(found.events, buckets)
+    elif rewrite_all and t.prev.rows is not None:
+        buckets = sized_buckets(t.prev.rows + found.events, buckets)
+    if buckets != state.buckets:
+        state.buckets = buckets
+        touched |= set(range(buckets))
+    dirs = [str(d) for d in (table_dir / f"{BUCKET}={b}" for b in sorted(touched)) if d.is_dir()]
+    return Rewrite(buckets, touched, existing, dirs)
+
+
+def _mirror_rows(spark: SparkSession, t: TableInput, log: DataFrame, types: dict[str, DataType], found: Measured,
+                 plan: Rewrite) -> DataFrame:
+    """The rewritten buckets' rows: the events and the buckets' existing rows, by the ordering rule."""
+    cols, key = t.cols, t.key
+    actions = action_rows(log, cols, key, types, found.key_changes)
+    if found.truncate_pos is not None:
+        actions = actions.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+    merged = actions
+    if plan.dirs:
+        old = existing_rows(spark.read.option("basePath", str(t.table_dir)).parquet(*plan.dirs), cols, key, types)
+        if found.truncate_pos is not None:
+            old = old.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+        merged = actions.unionByName(old)
+    if found.key_changes:
+        merged = resolve_moves(merged, key, sorted(found.unavailable & set(cols)))
+    # the bucket is recomputed for old rows too: a key column's type change moves them
+    merged = merged.withColumn(BUCKET, _bucket([F.col(k) for k in key], plan.buckets))
+
+    aggs, _, value = latest_per_key(cols, key, found.unavailable, F.struct(*ORDER))
+    # partitioned by bucket first: the grouping reuses that shuffle and each task writes whole buckets
+    grouped = merged.repartition(BUCKET).groupBy(BUCKET, *key).agg(*aggs)
+    return grouped.filter(F.col("_f").getField(KIND) != "D").select(
+        *[value(c).alias(c) for c in cols],
+        *[F.col("_f").getField(m).alias(m) for m in MIRROR_META],
+        F.col(BUCKET),
+    )
+
+
+def _write_mirror(spark: SparkSession, t: TableInput, out: DataFrame, plan: Rewrite, result: TableResult) -> None:
+    """Stage the rewritten buckets and the swaps that put them in place; count the mirror's rows."""
+    state = result.state
+    written = Observation(f"cdcd-{uuid.uuid4().hex}")
+    out = out.observe(written, F.count(F.lit(1)).alias("rows"))
+    staged = t.work / "mirror"
+    with _job(spark, result, "mirror"):
+        out.write.partitionBy(BUCKET).parquet(str(staged))
+    # the mirror's row count, for the bucket sizing: exact once every bucket has been rewritten
+    counted = _observed(written)
+    if counted is None:
+        state.rows = None
+    elif plan.touched >= plan.existing:
+        state.rows = int(counted["rows"])
+    elif t.prev.rows is not None:
+        state.rows = t.prev.rows - _parquet_rows(plan.dirs) + int(counted["rows"])
+    for b in sorted(plan.touched):
+        new = staged / f"{BUCKET}={b}"
+        result.buckets.append((str(new) if new.is_dir() else None, str(t.table_dir / f"{BUCKET}={b}")))
+
+
+class ParquetStrategy:
+    """``--format parquet``: each table of a segment through ``apply_table``; the job's journal swaps them in."""
+
+    label = ""
+
+    def __init__(self, spark: SparkSession, store: TargetStore, buckets: int) -> None:
+        self.spark = spark
+        self.store = store
+        self.buckets = buckets  # of a new mirror table (sized up from its rows)
+
+    def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
+        work = self.store.work_dir / f"{segment.first:020d}"
+        out = Applied()
+        for n, ((schema, name), files) in enumerate(sorted(segment.tables().items())):
+            table = f"{schema}.{name}"
+            t = TableInput(table, files, tables.get(table, TableState()), segment.run_id,
+                           self.store.table_dir(table), self.store.changelog_dir(table), work / f"t{n}")
+            r = apply_table(self.spark, t, self.buckets)
+            out.tables[table] = r.state
+            out.events += r.events
+            out.timings[table] = r.timings
+            out.files += r.files
+            out.buckets += r.buckets
+        return out

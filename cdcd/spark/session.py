@@ -1,0 +1,85 @@
+"""The Spark session of the job and of ``cdcd verify``'s Delta Lake / Iceberg reader, built in one place.
+
+Started locally (``cdcd spark run``, tests), the session gets ``local[2]``, the
+cached Delta Lake / Iceberg jars and both formats' settings
+(``cdcd.spark.jars.local_settings``) and the heap for large rows. Under
+spark-submit, the master and ``--conf`` values spark-submit was given stand; a
+Delta Lake or Iceberg run adds its format's extension to them before the
+session starts (the jars come from ``--packages`` or ``--jars``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark import SparkConf, SparkContext
+from pyspark.sql import SparkSession
+
+from cdcd.spark import jars
+from cdcd.spark.jars import local_settings
+
+#: Session settings of each table format, fixed when the session starts (Spark refuses to change them later).
+FORMAT_SETTINGS = {
+    "delta": {"spark.sql.extensions": jars.DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": jars.DELTA_CATALOG},
+    "iceberg": {"spark.sql.extensions": jars.ICEBERG_EXTENSION},
+}
+
+
+def log(message: str) -> None:
+    """The job's log line (stderr, where spark-submit and `cdcd spark run` show it)."""
+    print(f"cdcd-spark: {message}", file=sys.stderr, flush=True)
+
+
+def under_spark_submit() -> bool:
+    """True when spark-submit started the JVM: its --master and --conf values must stand."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def large_row_settings() -> dict[str, str]:
+    """Local-session settings that let one row hold a value of tens of MB (docs/spark.md, memory).
+
+    The JVM heap is fixed when the local session starts: ``CDCD_SPARK_DRIVER_MEMORY`` (default 2g,
+    Spark's own default of 1g runs out on a 51 MB value). Under spark-submit, pass them as --conf.
+    """
+    return {"spark.driver.memory": os.environ.get("CDCD_SPARK_DRIVER_MEMORY", "2g"),
+            "spark.kryoserializer.buffer.max": "1g"}
+
+
+def _submitted_session(fmt: str) -> None:
+    """Start spark-submit's session with the format's settings added to the ones given with ``--conf``."""
+    SparkContext._ensure_initialized()  # attaches to spark-submit's JVM, so that SparkConf() shows its values
+    conf = SparkConf()
+    builder = SparkSession.builder
+    for k, v in FORMAT_SETTINGS[fmt].items():
+        have = conf.get(k, "") or ""
+        if k == "spark.sql.extensions" and have and v not in have.split(","):
+            v = f"{have},{v}"
+        elif have:
+            v = have
+        builder = builder.config(k, v)
+    builder.getOrCreate()
+
+
+def session(fmt: str = "parquet") -> SparkSession:
+    """The active session; under spark-submit the one it configured, else a local one.
+
+    ``fmt`` (``delta``, ``iceberg``) adds that format's settings to a session that
+    spark-submit starts; a local session has both formats' settings anyway.
+    """
+    if SparkSession.getActiveSession() is None and under_spark_submit() and fmt in FORMAT_SETTINGS:
+        _submitted_session(fmt)
+    builder = SparkSession.builder.appName("cdcd-spark-consumer")
+    if SparkSession.getActiveSession() is None and not under_spark_submit():
+        builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
+                   .config("spark.sql.shuffle.partitions", "4"))
+        # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
+        for k, v in {**local_settings(), **large_row_settings()}.items():
+            builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    # the mirror must read back with pyarrow: no INT96, instants in UTC
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    # a merge reads one landed file per batch: list them on the driver instead of in a Spark job
+    spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
+    return spark

@@ -1,0 +1,64 @@
+"""What the job asks of a target format: apply one segment of landed batches.
+
+The job (``cdcd.spark.job``) cuts the landed batches into segments (one daemon
+run each, bounded in size), hands each to the format's ``ApplyStrategy``, then
+commits the outcome in the target's journal and marks the batches consumed.
+Strategies: ``cdcd.spark.parquet`` (the bucket rewrite) and
+``cdcd.spark.lakehouse`` (MERGE INTO on Delta Lake and Iceberg); both apply the
+one ordering rule of ``cdcd.spark.rule``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from cdcd.landing.reader import LandedFile, table_files
+from cdcd.spark.state import TableState
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A run of landed batches (seq, manifest) of one daemon run, in seq order, applied in one merge."""
+
+    landing: Path
+    batches: list[tuple[int, dict[str, Any]]]
+
+    @property
+    def first(self) -> int:
+        return self.batches[0][0]
+
+    @property
+    def last(self) -> int:
+        return self.batches[-1][0]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.batches[0][1]["run_id"])
+
+    def tables(self) -> dict[tuple[str, str], list[LandedFile]]:
+        """The segment's landed files per (schema, table), in batch order."""
+        return table_files(self.landing, self.batches)
+
+
+@dataclass(slots=True)
+class Applied:
+    """What a strategy did with a segment; the job commits it in the target's journal."""
+
+    tables: dict[str, TableState] = field(default_factory=dict)  # new state per "schema.table"
+    events: int = 0
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)  # seconds per table and step, for the log
+    files: list[tuple[str, str]] = field(default_factory=list)  # staged files to move into place
+    buckets: list[tuple[str | None, str]] = field(default_factory=list)  # staged directories to swap in
+
+
+class ApplyStrategy(Protocol):
+    """One target format."""
+
+    #: How the job's log line names the format ("" for none).
+    label: str
+
+    def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
+        """Apply the segment on top of the tables' current state (from the journal); stage what needs a commit."""
+        ...

@@ -1,0 +1,59 @@
+"""Compare a source table's rows with its mirror's: matched by key, compared by a hash of each row's normal form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdcd.verify.normalize import normal, row_hash
+from cdcd.verify.source import SourceColumn, SourceTable
+
+
+@dataclass(slots=True)
+class TableDiff:
+    table: str
+    source_rows: int
+    mirror_rows: int
+    missing: list[Any] = field(default_factory=list)  # in the source, not in the mirror
+    extra: list[Any] = field(default_factory=list)  # in the mirror, not in the source
+    changed: list[Any] = field(default_factory=list)
+    versions: dict[Any, tuple[dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.changed)
+
+
+def _normal_row(columns: list[SourceColumn], values: list[Any]) -> list[Any]:
+    return [normal(v, c.float32, c.is_json) for c, v in zip(columns, values, strict=True)]
+
+
+def _index(columns: list[SourceColumn], key: list[str], rows: list[list[Any]]) -> dict[Any, tuple[str, list[Any]]]:
+    """key (JSON-able tuple of normal forms) -> (row hash, normal row)."""
+    pos = [[c.name for c in columns].index(k) for k in key]
+    out: dict[Any, tuple[str, list[Any]]] = {}
+    for values in rows:
+        n = _normal_row(columns, values)
+        out[tuple(str(n[i]) for i in pos)] = (row_hash(n), n)
+    return out
+
+
+def compare(source: SourceTable, mirror_rows: list[list[Any]]) -> TableDiff:
+    name = str(source.table)
+    src = _index(source.columns, source.key, [list(r) for r in source.rows])
+    dst = _index(source.columns, source.key, mirror_rows)
+    diff = TableDiff(name, len(source.rows), len(mirror_rows))
+    if len(dst) != len(mirror_rows):
+        diff.extra.append("(the mirror holds a key more than once)")
+    names = [c.name for c in source.columns]
+    for k in sorted(src.keys() - dst.keys()):
+        diff.missing.append(k)
+        diff.versions[k] = (dict(zip(names, src[k][1], strict=True)), None)
+    for k in sorted(dst.keys() - src.keys()):
+        diff.extra.append(k)
+        diff.versions[k] = (None, dict(zip(names, dst[k][1], strict=True)))
+    for k in sorted(src.keys() & dst.keys()):
+        if src[k][0] != dst[k][0]:
+            diff.changed.append(k)
+            diff.versions[k] = (dict(zip(names, src[k][1], strict=True)), dict(zip(names, dst[k][1], strict=True)))
+    return diff

@@ -1,0 +1,56 @@
+"""Read a mirror or change-log table of the target, whatever its format.
+
+Parquet with pyarrow; Delta Lake and Iceberg through Spark, with the job's own
+session and catalog settings (``cdcd.spark.lakehouse``), imported only then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from cdcd.verify.source import SourceColumn
+
+
+def target_format(target: Path) -> str:
+    """The target's table format: TARGET/state/format (Delta Lake, Iceberg), else the Parquet mirror."""
+    marker = target / "state" / "format"
+    return marker.read_text().strip() if marker.exists() else "parquet"
+
+
+def read_table(target: Path, table: str, kind: str = "tables") -> pa.Table | None:
+    """A mirror (``tables``) or change-log (``changelog``) of any format as an Arrow table; None when absent.
+
+    Parquet with pyarrow; Delta Lake and Iceberg through Spark with the job's own
+    session and catalog settings (``cdcd.spark.lakehouse``).
+    """
+    fmt = target_format(target)
+    if fmt == "parquet":
+        path = target / kind / table
+        return ds.dataset(path).to_table() if path.is_dir() else None
+    from cdcd.spark.lakehouse import Names, prepare_run
+
+    problem = prepare_run(fmt, target)
+    if problem is not None:
+        raise ValueError(problem)
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    assert spark is not None
+    names = Names(fmt, target)
+    schema, name = table.split(".", 1)
+    if not names.exists(spark, kind, schema, name):
+        return None
+    return spark.table(names.ref(kind, schema, name)).toArrow()
+
+
+def read_mirror(target: Path, table: str, columns: list[SourceColumn]) -> list[list[Any]]:
+    data = read_table(target, table)
+    if data is None:
+        return []
+    have = set(data.column_names)
+    cols = [data.column(c.name).to_pylist() if c.name in have else [None] * data.num_rows for c in columns]
+    return [list(r) for r in zip(*cols, strict=True)] if cols else []
