@@ -124,7 +124,7 @@ def test_mixed_workload_with_daemon_crash_converges(
         daemon.kill()  # SIGKILL: unacknowledged batches are landed again after the restart
         daemon.wait()
         mixed_workload(pg_server, pg_db, 2000)
-        pg_server.psql("INSERT INTO orders (id) VALUES (9002)", pg_db)
+        pg_server.psql("ALTER TABLE orders DROP COLUMN extra; INSERT INTO orders (id) VALUES (9002)", pg_db)
         daemon = start(cfg)
         wait_landed(landing, 9002, daemon)
     finally:
@@ -138,6 +138,7 @@ def test_mixed_workload_with_daemon_crash_converges(
     assert len(streamed) == len(set(streamed))  # re-delivered events are in the change-log once
     toasted = rows(target, "public.orders")
     assert all(len(r["big"]) > 10000 for r in toasted if r["note"] == "toast kept")
+    assert "extra" not in toasted[0] and {"id", "amount", "note", "big"} <= set(toasted[0])  # ADD, then DROP COLUMN
 
     # a landed batch applied twice: rewind the consumer's applied seq, as if Spark re-ran micro-batches
     state_path = target / "state" / "consumer.json"
@@ -148,6 +149,7 @@ def test_mixed_workload_with_daemon_crash_converges(
     assert verify(load_config(cfg), str(target)) == 0
     again = rows(target, "public.orders", "changelog")
     assert len(again) == len(log)
+    assert sorted(rows(target, "public.orders"), key=lambda r: r["id"]) == sorted(toasted, key=lambda r: r["id"])
 
 
 def wait_all_landed(pg: PostgresServer, db: str, landing: Path, proc: subprocess.Popen[bytes], marker: int) -> None:
