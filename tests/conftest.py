@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,9 @@ SPREAD = frozenset({
     "test_daemon_lifecycle.py", "test_mysql_crash.py", "test_postgres_crash.py", "test_pg_types_exact.py",
     "test_mysql_types_exact.py",
 })
-#: Test files, slowest work unit first (a whole file, or one test of a SPREAD file), from `--durations`
-#: of a full run; xdist hands work out in collection order (`--no-loadscope-reorder`). Others follow.
+#: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
+#: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
+#: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
 SLOWEST_FIRST = (
     "test_spark_pipeline.py", "test_spark_key_change.py", "test_demo.py", "test_spark_formats.py",
     "test_spark_kill.py", "test_spark_types_large.py", "test_spark_mariadb.py", "test_landing_consumed.py",
@@ -55,7 +57,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(Path(item.path).name, len(rank)))
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadfile`, except that each test of a SPREAD file is a work unit of its own."""
     if config.getvalue("dist") != "loadfile":
         return None
@@ -66,7 +68,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             path = nodeid.split("::", 1)[0]
             return nodeid if Path(path).name in SPREAD else path
 
-    return Scheduler(config, log)  # type: ignore[arg-type]
+    return Scheduler(config, log)
 
 
 @pytest.fixture(scope="session")
