@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Bootstrap, then run the whole test suite with the static checks.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
-# Test files run in parallel on CDCD_TEST_WORKERS workers (default 3; 0 runs them in this process):
+# Tests run in parallel on CDCD_TEST_WORKERS workers (default 3; 0 runs them in this process):
 # the tests mostly wait on servers, daemons and Spark, so three workers fit two cores. Each worker
-# starts its own PostgreSQL and MariaDB; a file's tests stay on one worker (module-scoped Spark sessions).
+# starts its own PostgreSQL and MariaDB. A file stays on one worker (its module-scoped Spark session
+# starts once), except the long files listed in tests/conftest.py; slowest first (docs/testing.md).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -12,5 +13,5 @@ echo "== ruff"; .venv/bin/ruff check cdcd tests bench
 echo "== mypy --strict cdcd"; .venv/bin/mypy cdcd
 workers=${CDCD_TEST_WORKERS:-3}
 parallel=()
-[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile)
+[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 echo "== pytest"; exec .venv/bin/pytest -p no:cacheprovider "${parallel[@]}" "${@:-tests}"

@@ -2,18 +2,74 @@
 
 Each test gets a database of its own (``pg_db`` / ``maria_db``) so tests do
 not see each other's tables.
+
+Under ``scripts/test.sh`` (pytest-xdist ``--dist loadfile --no-loadscope-reorder``) a test file
+runs on one worker, so its module-scoped fixtures (a Spark session, a TLS server) start once; the
+files in ``SPREAD`` (long, and their tests independent) are handed out test by test instead. Work goes
+out slowest first (``SLOWEST_FIRST``), so no worker is left with a long tail (docs/testing.md).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cdcd.devservers import MariaDBServer, PostgresServer
 
 _names = itertools.count(1)
+
+#: Long test files whose tests share no module-scoped fixture: under `--dist loadfile` each of their
+#: tests is a work unit of its own, so a file's tests run on several workers at once.
+SPREAD = frozenset({
+    "test_spark_kill.py", "test_spark_mariadb.py", "test_landing_consumed.py", "test_spark_types_large.py",
+    "test_faults_network.py", "test_faults_disk.py", "test_mysql_identity.py", "test_postgres_identity.py",
+    "test_daemon_lifecycle.py", "test_mysql_crash.py", "test_postgres_crash.py", "test_pg_types_exact.py",
+    "test_mysql_types_exact.py",
+})
+#: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
+#: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
+#: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
+SLOWEST_FIRST = (
+    "test_spark_pipeline.py", "test_spark_key_change.py", "test_demo.py", "test_spark_formats.py",
+    "test_spark_kill.py", "test_spark_types_large.py", "test_spark_mariadb.py", "test_landing_consumed.py",
+    "test_snapshot_generations.py", "test_spark_consumer.py", "test_faults_network.py", "test_faults_disk.py",
+    "test_mysql_identity.py", "test_postgres_identity.py", "test_bench_smoke.py", "test_spark_lakehouse.py",
+    "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
+    "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_submit.py",
+)
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    shared = sorted({Path(i.path).name for i in items if Path(i.path).name in SPREAD and _module_scoped(i)})
+    if shared:
+        raise pytest.UsageError(f"tests/conftest.py: {shared} have module-scoped fixtures; take them out of SPREAD")
+    rank = {name: n for n, name in enumerate(SLOWEST_FIRST)}
+    # a stable sort: the tests of one file stay together and in their order
+    items.sort(key=lambda item: rank.get(Path(item.path).name, len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: `-p no:xdist` still works
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, except that each test of a SPREAD file is a work unit of its own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if Path(path).name in SPREAD else path
+
+    return Scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

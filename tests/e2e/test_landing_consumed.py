@@ -1,7 +1,7 @@
 """`landing.ack = "consumed"` end to end: with no consumer the daemon (a real process) stops
 reading from PostgreSQL after `runtime.max_inflight_batches` batches, its memory stays flat and
-its checkpoint stays put while a writer keeps inserting; a real `cdcd spark run` then drains it
-all and `cdcd verify` finds the mirror equal to the source."""
+its checkpoint stays put while a writer keeps inserting; a real `cdcd spark run` (streaming, into each
+target format) then drains it all and `cdcd verify` finds the mirror equal to the source."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from cdcd.checkpoint.store import CheckpointStore
 from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import consumed_seqs, landed_seqs
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 INFLIGHT = 3
 BATCH = 2000
@@ -60,8 +60,9 @@ def checkpoint(state: Path) -> tuple[int, int] | None:
     return None if ckpt is None else (ckpt.event_count, ckpt.batch_seq)
 
 
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
 def test_consumed_mode_holds_the_backlog_in_the_database_then_drains(
-    pg_server: PostgresServer, pg_db: str, tmp_path: Path
+    pg_server: PostgresServer, pg_db: str, tmp_path: Path, fmt: str
 ) -> None:
     pg_server.psql("CREATE TABLE orders (id int PRIMARY KEY, pad text)", pg_db)
     landing, state, target = tmp_path / "landing", tmp_path / "state", tmp_path / "target"
@@ -117,9 +118,10 @@ format = "json"
         assert checkpoint(state) == held
 
         # the consumer drains everything: each commit frees a slot, the daemon lands the next batch
-        consumer = spawn("spark", "run", "--landing", str(landing), "--target", str(target))
+        consumer = spawn("spark", "run", "--landing", str(landing), "--target", str(target), "--format", fmt)
+        # ten merges, each a Spark job: on a loaded 2-core machine this takes minutes
         wait_for(f"checkpoint at {total} events", lambda: (checkpoint(state) or (0, 0))[0] == total,
-                 [daemon, consumer])
+                 [daemon, consumer], timeout=450)
         consumer.send_signal(signal.SIGTERM)
         assert consumer.wait(120) == 0
         daemon.send_signal(signal.SIGTERM)

@@ -22,7 +22,7 @@ from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import consumed_seqs, read_batches
 from cdcd.verify.mirror import read_table
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 
 
@@ -90,9 +90,7 @@ def mid_merge(target: Path, fmt: str, seq: int) -> bool:
         target, fmt, "tables", "public.orders", seq)
 
 
-# Delta (the default) and Parquet here; Iceberg runs the same merge code and is covered by
-# test_spark_pipeline.py, test_spark_consumer.py and test_spark_formats.py (suite time on two cores).
-@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
 def test_spark_consumer_killed_mid_micro_batch_converges(
     pg_server: PostgresServer, pg_db: str, tmp_path: Path, fmt: str
 ) -> None:

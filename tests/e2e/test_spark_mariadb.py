@@ -18,7 +18,7 @@ from cdcd.devservers import MariaDBServer
 from cdcd.landing.reader import read_batches
 from cdcd.verify.mirror import read_table
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 SERVER_ID = 7901  # unique among the replicas of the session's MariaDB
 
@@ -54,9 +54,7 @@ def workload(maria: MariaDBServer, db: str, base: int) -> None:
     )
 
 
-# Delta (the default) and Parquet here; Iceberg runs the same merge code and is covered by
-# test_spark_pipeline.py, test_spark_consumer.py and test_spark_formats.py (suite time on two cores).
-@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
 def test_mariadb_mixed_workload_with_daemon_crash_converges(
     maria_server: MariaDBServer, maria_db: str, tmp_path: Path, fmt: str
 ) -> None:
