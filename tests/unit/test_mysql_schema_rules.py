@@ -10,7 +10,7 @@ from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate
 from cdcd.sources.mysql.schema import SchemaHistory, apply_alter, parse_ddl, schema_to_json
 from cdcd.sources.mysql.snapshot import parse_binlog_status, parse_snapshot_status
-from cdcd.sources.mysql.source import fold_state
+from cdcd.sources.mysql.state import fold_state
 from cdcd.sources.mysql.types import arrow_type
 
 T = TableId("app", "t")

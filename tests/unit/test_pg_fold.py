@@ -6,7 +6,7 @@ import copy
 
 import pyarrow as pa
 
-from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
+from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import PgPosition, format_lsn
 from cdcd.sources.postgres.state import fold_state, fresh_state
 
@@ -20,7 +20,7 @@ def snap(table: TableSchema, row: dict[str, object]) -> ChangeEvent:
 
 
 def start() -> Mark:
-    return Mark("start", W, {"slot": "s", "watermark": format_lsn(1000), "snapshot": True})
+    return Mark(MarkKind.SNAPSHOT_START, W, {"slot": "s", "watermark": format_lsn(1000)})
 
 
 def test_snapshot_progress_is_the_last_committed_key_per_table() -> None:
@@ -55,7 +55,7 @@ def test_flush_follows_commits_and_heartbeats_only() -> None:
 
 def test_a_new_start_mark_resets_the_state() -> None:
     old = fold_state({}, [start(), snap(T, {"id": 9, "v": "z"})])
-    new = fold_state(old, [Mark("start", PgPosition(5000, 0), {"slot": "s", "watermark": "0/1388", "snapshot": True}),
+    new = fold_state(old, [Mark(MarkKind.SNAPSHOT_START, PgPosition(5000, 0), {"slot": "s", "watermark": "0/1388"}),
                            snap(T, {"id": 1, "v": "a"})])
     assert new["watermark"] == "0/1388"
     assert new["snapshot"]["tables"]["public.t"] == {"last_key": ["1"], "rows": 1, "done": False}

@@ -109,14 +109,15 @@ def test_pg_timeline_change_is_accepted_only_when_it_forked_after_what_was_captu
 
 
 def test_fold_records_whether_the_checkpoint_sits_on_a_commit() -> None:
-    from cdcd.events import Mark
-    from cdcd.sources.mysql.source import fold_state
+    from cdcd.events import Mark, MarkKind
+    from cdcd.sources.mysql.state import fold_state
 
     mid = MySqlPosition.at("b.000001", 100, 2, "0-1-5")
     inside = fold_state({}, [Mark("ddl", mid, {"table": "d.t", "ddl": "x"})])
     assert inside["inside_tx"] is True
     assert "inside_tx" not in fold_state(inside, [Mark("commit", mid, {"events": 1})])
-    assert fold_state({}, [Mark("server", mid, {"server_id": 2, "uuid": "", "epoch": 1})])["server"]["epoch"] == 1
+    identity = Mark(MarkKind.IDENTITY, mid, {"server_id": 2, "uuid": "", "epoch": 1})
+    assert fold_state({}, [identity])["server"]["epoch"] == 1
 
 
 def test_resuming_on_another_server_inside_a_transaction_skips_only_its_delivered_items() -> None:

@@ -36,7 +36,7 @@ import aiomysql
 import pyarrow as pa
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import Column, Item, Mark, RowBlock, TableId, TableSchema
+from cdcd.events import Column, Item, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
 from cdcd.sockets import keepalive_transport
 from cdcd.sources.mysql.failures import query_error
@@ -286,7 +286,7 @@ class Snapshotter:
                               "AND TABLE_NAME = %s", (table.schema, table.name))
             est = await cur.fetchone()
             prog.total_estimate = int(est[0] or 0) if est else 0
-        yield [Mark("snapshot_table_start", at, {"table": str(table), "schema": schema_to_json(schema)})]
+        yield [Mark(MarkKind.SNAPSHOT_TABLE_START, at, {"table": str(table), "schema": schema_to_json(schema)})]
         names = schema.column_names
         convs = [snapshot_converter(c.source_type) for c in schema.columns]
         select = f"SELECT {', '.join(_select_expr(c) for c in schema.columns)} FROM {quote_ident(table.schema)}." \
@@ -336,7 +336,7 @@ class Snapshotter:
                 break
             after = tuple(last[i] for i in key_idx)
         prog.done = True
-        yield [Mark("snapshot_table_done", at, {"table": str(table)})]
+        yield [Mark(MarkKind.SNAPSHOT_TABLE_DONE, at, {"table": str(table)})]
 
     @property
     def _where(self) -> str:

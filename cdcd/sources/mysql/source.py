@@ -5,15 +5,7 @@ server) and plans the run: a fresh snapshot, the rest of an interrupted one,
 or streaming from the checkpoint. stream() yields the snapshot (if due) and
 then the binlog from the watermark or the checkpoint's transaction.
 
-Durable state (what ``fold`` returns):
-``{"snapshot": {"watermark": pos, "tables": {"db.t": {"last_key": [...],
-"done": bool}}, "done": bool}, "schemas": SchemaHistory JSON,
-"server": {"server_id": int, "uuid": str, "epoch": int}, "inside_tx": true}``
-(``inside_tx``: present when the checkpoint's position is inside a transaction).
-
-``server`` is the identity of the server the positions belong to and their
-epoch (``identity.py``): a failover to another server with the checkpoint's
-GTIDs continues in the next epoch; a server whose binlog went back is refused.
+The durable source state and ``fold`` live in ``state.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +24,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock, TableId, snapshot_truncates
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, TableId, snapshot_truncates
 from cdcd.positions import MySqlPosition, Position, position_from_json
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -42,7 +34,7 @@ from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
-from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
+from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.snapshot import (
     SnapshotTask,
     Snapshotter,
@@ -51,8 +43,9 @@ from cdcd.sources.mysql.snapshot import (
     open_connection,
     parse_binlog_status,
 )
+from cdcd.sources.mysql.state import fold_state
 from cdcd.sources.mysql.tls import Tls, TlsError
-from cdcd.sources.mysql.types import key_from_json, key_to_json
+from cdcd.sources.mysql.types import key_from_json
 
 log = structlog.get_logger("cdcd.source.mysql")
 
@@ -72,76 +65,6 @@ RESNAPSHOT_FIX = (
     "snapshot.mode = \"initial\", or set snapshot.mode = \"when_needed\" to re-snapshot automatically; keep "
     "binlogs longer (expire_logs_days / binlog_expire_logs_seconds) so this does not recur."
 )
-
-
-# ------------------------------------------------------------------ pure state
-
-def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
-    """The source state once ``items`` are committed. Pure; ``state`` is not modified."""
-    new = dict(state)
-    snap: dict[str, Any] | None = new.get("snapshot")
-    tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in ((snap or {}).get("tables") or {}).items()}
-    if snap is not None:
-        snap = dict(snap)
-    last: dict[str, ChangeEvent | RowBlock] = {}
-    history: SchemaHistory | None = None
-    for item in items:
-        if type(item) is ChangeEvent:
-            if item.snapshot and item.op is not Op.TRUNCATE:  # a snapshot's opening truncate is no progress
-                last[str(item.table)] = item
-            continue
-        if type(item) is RowBlock:
-            # the batcher may have sliced the block: this slice's own last row is what is committed
-            if item.snapshot and item.rows:
-                last[str(item.table)] = item
-            continue
-        assert isinstance(item, Mark)
-        kind = item.kind
-        if kind == "snapshot_start":
-            snap = {"watermark": item.position.to_json(), "done": False}
-            tables = {t: {"last_key": None, "done": False} for t in item.detail["tables"]}
-            last = {}
-        elif kind == "snapshot_table_done":
-            _flush_keys(tables, last)
-            tables.setdefault(item.detail["table"], {"last_key": None})["done"] = True
-        elif kind == "snapshot_done" and snap is not None:
-            snap["done"] = True
-        elif kind in ("schema", "snapshot_table_start"):
-            if history is None:
-                history = SchemaHistory.from_json(new.get("schemas") or {})
-            table = TableId.parse(item.detail["table"])
-            assert isinstance(item.position, MySqlPosition)
-            history.add_entry(item.position, schema_from_json(table, item.detail["schema"]))
-        elif kind == "stream_start":
-            new["stream_start"] = item.position.to_json()
-        elif kind == "server":
-            new["server"] = dict(item.detail)
-    _flush_keys(tables, last)
-    if items:
-        # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
-        # a partly delivered transaction, whose delivered items must then be skipped
-        tail = items[-1]
-        if (type(tail) is ChangeEvent and not tail.snapshot) or (type(tail) is Mark and tail.kind in ("schema", "ddl")):
-            new["inside_tx"] = True
-        else:
-            new.pop("inside_tx", None)
-    if snap is not None:
-        snap["tables"] = tables
-        new["snapshot"] = snap
-    if history is not None:
-        new["schemas"] = history.to_json()
-    return new
-
-
-def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent | RowBlock]) -> None:
-    for name, ev in last.items():
-        entry = tables.setdefault(name, {"last_key": None, "done": False})
-        key = ev.key if isinstance(ev, ChangeEvent) else ev.last_key
-        texts = ev.last_key_text() if isinstance(ev, RowBlock) else None
-        if key is not None and texts:  # the server's text where the landed value is NULL (zero dates)
-            key = tuple(v if t is None else t for v, t in zip(key, texts, strict=True))
-        entry["last_key"] = key_to_json(key) if ev.schema.key and key is not None else None
-    last.clear()
 
 
 # ------------------------------------------------------------------ the source
@@ -330,7 +253,7 @@ class MySqlSource(Source):
             if mode == "never":
                 wm = self._stamp((await self._current_position()).position())
                 start = self._start_at(wm)
-                return _Plan(start=start, announce=[Mark("stream_start", wm, {}), *self._server_marks(wm)])
+                return _Plan(start=start, announce=[Mark(MarkKind.STREAM_START, wm, {}), *self._server_marks(wm)])
             return self._fresh_snapshot_plan(mode)
         if snap and not snap.get("done"):
             wm_pos = position_from_json(snap["watermark"])
@@ -397,7 +320,7 @@ class MySqlSource(Source):
         if self._server_due is None:
             return []
         identity, self._server_due = self._server_due, None
-        return [Mark("server", at, identity)]
+        return [Mark(MarkKind.IDENTITY, at, identity)]
 
     def _mark_at(self, pos: MySqlPosition) -> MySqlPosition:
         """Where the server Mark sits: ``pos`` itself, or the start of the new epoch after a switch."""
@@ -530,7 +453,7 @@ class MySqlSource(Source):
             at = plan.watermark if plan.watermark is not None else self._stamp(wm.position())
             assert plan.snapshot_tasks is not None
             if plan.fresh_snapshot:
-                yield Mark("snapshot_start", at, {"tables": [str(t.table) for t in plan.snapshot_tasks]})
+                yield Mark(MarkKind.SNAPSHOT_START, at, {"tables": [str(t.table) for t in plan.snapshot_tasks]})
                 for mark in self._server_marks(at):
                     yield mark
                 # a new snapshot supersedes whatever an abandoned earlier one landed (docs/landing-format.md)
@@ -543,7 +466,7 @@ class MySqlSource(Source):
                     yield item
         finally:
             await snap.close()
-        yield Mark("snapshot_done", at, {})
+        yield Mark(MarkKind.SNAPSHOT_DONE, at, {})
 
     async def _stream_binlog(self, start: StartPoint) -> AsyncIterator[Item]:
         self._phase = "streaming"
@@ -589,7 +512,7 @@ class MySqlSource(Source):
                             self._resend_skip = None
                         last = pos
                         self._last_emitted = pos
-                        self._last_was_commit = type(item) is Mark and item.kind == "commit"
+                        self._last_was_commit = type(item) is Mark and item.kind == MarkKind.COMMIT
                         if type(item) is ChangeEvent and item.commit_ts is not None:
                             self._lag_ms = max(0.0, (time.time() - item.commit_ts.timestamp()) * 1000)
                         yield item

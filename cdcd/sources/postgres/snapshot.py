@@ -29,7 +29,7 @@ import asyncpg
 import pyarrow as pa
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock
 from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
@@ -171,7 +171,7 @@ class SnapshotReader:
                 else:
                     await self._whole(conn, table, out, watermark)
                 table.done = True
-                await out.put([Mark("snapshot_table_done", watermark, {"table": str(table.info.table)})])
+                await out.put([Mark(MarkKind.SNAPSHOT_TABLE_DONE, watermark, {"table": str(table.info.table)})])
             await out.put(_DONE)
         except asyncio.CancelledError:
             raise

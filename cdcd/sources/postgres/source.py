@@ -17,7 +17,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, snapshot_truncates
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId, snapshot_truncates
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.retry import source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -153,7 +153,7 @@ class PostgresSource(Source):
                 self._system = state.get("system")
             if await self._verify_system(None):
                 at = self._resume_position or self._watermark
-                self._announce = [Mark("system", at, dict(self._system or {}))]
+                self._announce = [Mark(MarkKind.IDENTITY, at, dict(self._system or {}))]
             if snap.get("status") == "running":
                 await self._open_snapshot(None, state, slot=self._slot)
             return
@@ -236,10 +236,11 @@ class PostgresSource(Source):
         name = self._slot if slot == "" else slot
         self._watermark = PgPosition(watermark, 0)
         self._flush_lsn = watermark
-        detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark), "snapshot": snapshot}
+        detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark)}
         if self._system:
             detail["system"] = dict(self._system)
-        self._start_mark = Mark("start", self._watermark, detail)
+        kind = MarkKind.SNAPSHOT_START if snapshot else MarkKind.STREAM_START
+        self._start_mark = Mark(kind, self._watermark, detail)
 
     async def _new_slot_with_snapshot(self) -> None:
         repl = await ReplicationConnection.connect(self._params)
@@ -281,7 +282,7 @@ class PostgresSource(Source):
         announce, self._announce = self._announce, []
         for mark in announce:
             yield mark
-        if start is not None and start.detail.get("snapshot"):
+        if start is not None and start.kind is MarkKind.SNAPSHOT_START:
             for truncate in snapshot_truncates([self._shapes[t].schema for t in self._tables], self._watermark):
                 yield truncate
         if self._reader is not None:
@@ -292,7 +293,7 @@ class PostgresSource(Source):
             finally:
                 await self._reader.close()
                 self._reader = None
-            yield Mark("snapshot_done", self._watermark)
+            yield Mark(MarkKind.SNAPSHOT_DONE, self._watermark)
         self._phase = "streaming"
         if not self._stream_changes:
             return
@@ -325,7 +326,7 @@ class PostgresSource(Source):
         heartbeat: asyncio.Task[None] | None = None
         try:
             if await self._verify_system(repl):  # a reconnect may reach a server restored or promoted meanwhile
-                yield Mark("system", self._last or self._resume_position or PgPosition(self._flush_lsn, 0),
+                yield Mark(MarkKind.IDENTITY, self._last or self._resume_position or PgPosition(self._flush_lsn, 0),
                            dict(self._system or {}))
             interval = await repl.status_interval(STATUS_INTERVAL_S)
             await repl.start_replication(self._slot, 0, self._publication, interval)
@@ -382,7 +383,7 @@ class PostgresSource(Source):
                     seq += 1
                     pos = PgPosition(commit_lsn, seq)
                     if last is None or pos > last:
-                        yield Mark("commit", pos, {"lsn": format_lsn(commit_lsn),
+                        yield Mark(MarkKind.COMMIT, pos, {"lsn": format_lsn(commit_lsn),
                                                    "end_lsn": format_lsn(msg.end_lsn)})
                         self._last = last = pos
                 elif isinstance(msg, pgoutput.Relation):
@@ -401,7 +402,7 @@ class PostgresSource(Source):
                         and not msg.transactional:
                     pos = PgPosition(msg.lsn, 0)
                     if last is None or pos > last:
-                        yield Mark("heartbeat", pos)
+                        yield Mark(MarkKind.HEARTBEAT, pos)
                         self._last = last = pos
 
     def _row_event(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, dec: RowDecoder,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cdcd.events import ChangeEvent, Item, Op, RowBlock, event_count
+from cdcd.events import ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
 
@@ -52,20 +52,20 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
                 counts[name] = counts.get(name, 0) + event_count(item)
             continue
         kind = item.kind
-        if kind == "commit":
+        if kind == MarkKind.COMMIT:
             _advance_flush(new, parse_lsn(item.detail["lsn"]))
-        elif kind == "heartbeat":
+        elif kind == MarkKind.HEARTBEAT:
             _advance_flush(new, item.position.lsn)  # type: ignore[union-attr]
-        elif kind == "snapshot_table_done":
+        elif kind == MarkKind.SNAPSHOT_TABLE_DONE:
             _flush_rows(tables, last, counts)
             tables.setdefault(item.detail["table"], {"last_key": None, "rows": 0})["done"] = True
-        elif kind == "snapshot_done":
+        elif kind == MarkKind.SNAPSHOT_DONE:
             snap["status"] = "done"
-        elif kind == "system":
+        elif kind == MarkKind.IDENTITY:
             new["system"] = dict(item.detail)
-        elif kind == "start":
-            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]), item.detail["snapshot"],
-                              item.detail.get("system"))
+        elif kind in (MarkKind.SNAPSHOT_START, MarkKind.STREAM_START):
+            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]),
+                              kind == MarkKind.SNAPSHOT_START, item.detail.get("system"))
             snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables
