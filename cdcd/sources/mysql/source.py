@@ -29,6 +29,7 @@ from cdcd.positions import MySqlPosition, Position, position_from_json
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
+from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
@@ -40,7 +41,6 @@ from cdcd.sources.mysql.snapshot import (
     Snapshotter,
     Watermark,
     load_table_schema,
-    open_connection,
     parse_binlog_status,
 )
 from cdcd.sources.mysql.state import fold_state
@@ -93,11 +93,7 @@ class MySqlSource(Source):
         assert src.mysql.server_id is not None
         self.server_id: int = src.mysql.server_id
         self.tables = set(src.table_ids)
-        self.settings: dict[str, Any] = {
-            "host": src.host, "port": src.effective_port, "user": src.user, "password": src.secret() or "",
-            "charset": "utf8mb4", "connect_timeout": int(src.connect_timeout_s),
-        }
-        self._tls: Tls | None = None  # built on first use: a bad sslrootcert is a connect error
+        self.conn = connect_params(config)  # address, credentials, TLS: shared with `cdcd check` and verify
         self.flavor = "mariadb" if src.kind == "mariadb" else "mysql"
         self.version = ""
         self.gtid_mode = False
@@ -125,22 +121,12 @@ class MySqlSource(Source):
     @property
     def tls(self) -> Tls:
         """The TLS policy of every connection (source.sslmode, source.sslrootcert)."""
-        if self._tls is None:
-            src = self.config.source
-            self._tls = Tls.build(src.sslmode, src.sslrootcert, self.settings["host"], self.settings["port"])
-        return self._tls
-
-    def _binlog_settings(self) -> dict[str, Any]:
-        s = self.settings
-        # The read timeout is the stall detector: the server sends a heartbeat every HEARTBEAT_S when idle.
-        return {"host": s["host"], "port": s["port"], "user": s["user"], "password": s["password"],
-                "charset": "utf8mb4", "connect_timeout": s["connect_timeout"], "read_timeout": STALL_S,
-                "write_timeout": STALL_S}
+        return self.conn.tls
 
     async def _control(self) -> aiomysql.Connection:
         if self._ctl is None or self._ctl.closed:
             try:
-                self._ctl = await open_connection(self.settings, self.tls)
+                self._ctl = await self.conn.open()
             except TlsError:
                 raise
             except SourceError as exc:
@@ -166,7 +152,7 @@ class MySqlSource(Source):
 
     @property
     def _where(self) -> str:
-        return f"{self.flavor} {self.settings['user']}@{self.settings['host']}:{self.settings['port']}"
+        return f"{self.flavor} {self.conn.user}@{self.conn.where}"
 
     async def _variables(self) -> dict[str, str]:
         rows = await self._query(
@@ -184,7 +170,7 @@ class MySqlSource(Source):
             logs = await self._query("SHOW BINARY LOGS")
         except (aiomysql.Error, OSError) as exc:
             await self._drop_control()
-            raise SourceError(f"{self.settings['host']}:{self.settings['port']}: reading the server's identity "
+            raise SourceError(f"{self.conn.where}: reading the server's identity "
                               f"failed: {exc!r}; reconnecting") from exc
         flavor = "mariadb" if "mariadb" in v.get("version", "").lower() else "mysql"
         return BinlogFacts(
@@ -398,7 +384,7 @@ class MySqlSource(Source):
             except SourceError:
                 continue  # the control connection is down: the stream notices the outage itself
             if not same_server(self._server, facts):
-                channel.finish(SourceError(f"the server behind {self.settings['host']}:{self.settings['port']} is now "
+                channel.finish(SourceError(f"the server behind {self.conn.where} is now "
                                            f"{facts.describe()}; reconnecting to follow it"))
                 return
             try:
@@ -443,7 +429,7 @@ class MySqlSource(Source):
 
     async def _snapshot(self, plan: _Plan) -> AsyncIterator[Item]:
         self._phase = "snapshot"
-        snap = Snapshotter(self.settings, self.flavor, self.config.snapshot.parallelism,
+        snap = Snapshotter(self.conn.settings(), self.flavor, self.config.snapshot.parallelism,
                            self.config.snapshot.chunk_rows, self.history, tls=self.tls,
                            read_timeout_s=self.config.runtime.source_read_timeout_s,
                            chunk_bytes=self.config.snapshot.chunk_bytes)
@@ -488,8 +474,8 @@ class MySqlSource(Source):
                     yield mark
             channel = Channel(loop, QUEUE_ITEMS)
             decoder = Decoder(self.flavor, self.tables, self.history, start.file, start.gtid, self._epoch)
-            reader = BinlogReader(self._binlog_settings(), self.server_id, self.flavor, start, decoder, dbs, names,
-                                  channel, tls=self.tls)
+            reader = BinlogReader(self.conn.binlog_settings(STALL_S), self.server_id, self.flavor, start, decoder,
+                                  dbs, names, channel, tls=self.tls)
             self._reader, self._channel = reader, channel
             reader.start()
             self._connected = True
@@ -548,7 +534,7 @@ class MySqlSource(Source):
             # no live control connection: never open one for this, it could reach another server (a failover)
             # whose connection ids mean other sessions
             return
-        limit = float(self.settings["connect_timeout"])  # short: a dead control connection must not hold us
+        limit = float(self.conn.connect_timeout)  # short: a dead control connection must not hold us
         with contextlib.suppress(Exception):
             for tid in ids:
                 if self._ctl is None:  # a failed query dropped it: do not open another (see above)
@@ -593,8 +579,7 @@ class MySqlSource(Source):
                 "TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION", (t.schema, t.name))
             tables[str(t)] = (bool(exists), tuple(str(r[0]) for r in key))
         facts = ServerFacts(v.get("version", ""), v, grants, tables, self.server_id)
-        return [CheckResult("connect", True, f"{self.settings['user']}@{self.settings['host']}:"
-                                             f"{self.settings['port']}"),
+        return [CheckResult("connect", True, f"{self.conn.user}@{self.conn.where}"),
                 tls_check(self.tls, tls_status.get("ssl_version", ""), tls_status.get("ssl_cipher", "")),
                 *evaluate(facts)]
 

@@ -23,9 +23,10 @@ from cdcd.retry import source_backoff
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.postgres import catalog, pgoutput
 from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, SlotInfo, TableInfo
+from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.protocol import ProtocolError
-from cdcd.sources.postgres.replication import ConnectParams, PgServerError, ReplicationConnection
+from cdcd.sources.postgres.replication import PgServerError, ReplicationConnection
 from cdcd.sources.postgres.shape import (
     RowDecoder,
     TableShape,
@@ -57,11 +58,7 @@ class PostgresSource(Source):
     def __init__(self, config: Config) -> None:
         src = config.source
         self._config = config
-        self._params = ConnectParams(
-            host=src.host, port=src.effective_port, user=src.user, database=src.database, password=src.secret(),
-            sslmode=src.sslmode, sslrootcert=src.sslrootcert, connect_timeout_s=src.connect_timeout_s,
-            read_timeout_s=config.runtime.source_read_timeout_s,
-        )
+        self._params = connect_params(config)  # shared with `cdcd check` and verify
         self._slot = src.postgres.slot
         self._publication = src.postgres.publication
         self._heartbeat_s = src.postgres.heartbeat_s
