@@ -131,11 +131,11 @@ def test_resuming_on_another_server_inside_a_transaction_skips_only_its_delivere
     inside = MySqlPosition.at("b.000004", 100, 3, "0-1-5")  # epoch 0: the old server
     src._last_was_commit = False
     src._arm_resend_skip(inside)
-    assert src._resend_skip == ("0-1-5", 3)
+    assert src._stream.resend_skip == ("0-1-5", 3)
     assert src._start_at(inside).use_gtid and src._start_at(inside).gtid == "0-1-5"
     src._last_was_commit = True  # a commit: the new server starts after it, nothing to skip
     src._arm_resend_skip(inside)
-    assert src._resend_skip is None
+    assert src._stream.resend_skip is None
     src._last_was_commit = False
     src._arm_resend_skip(MySqlPosition.at("b.000004", 100, 3, "0-1-5", epoch=1))  # same server: offsets dedupe
-    assert src._resend_skip is None
+    assert src._stream.resend_skip is None
