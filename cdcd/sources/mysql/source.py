@@ -26,7 +26,7 @@ from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
-from cdcd.positions import MySqlPosition, Position, position_from_json
+from cdcd.positions import MySqlPosition, Position
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import Channel, StartPoint
 from cdcd.sources.mysql.connection import connect_params
@@ -36,7 +36,7 @@ from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, V
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status
-from cdcd.sources.mysql.state import fold_state
+from cdcd.sources.mysql.state import MySqlState, fold_state
 from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import key_from_json
@@ -212,38 +212,40 @@ class MySqlSource(Source):
 
     async def _make_plan(self, resume: ResumePoint, v: dict[str, str]) -> _Plan:
         mode = self.config.snapshot.mode
-        state = resume.state
-        snap = state.get("snapshot")
+        state = MySqlState.parse(resume.state)
+        snap = state.snapshot
         facts = await self._server_facts(v)
-        recorded: dict[str, Any] | None = self._server or state.get("server")
+        recorded: dict[str, Any] | None = self._server or state.server
         ckpt_epoch = resume.position.epoch if isinstance(resume.position, MySqlPosition) else 0
         self._epoch = max(self._epoch, int((recorded or {}).get("epoch", 0)), ckpt_epoch)
         self._server_due = None
-        if resume.position is None and not snap:
+        if resume.position is None and snap is None:
             self._adopt(facts, None)
             if mode == "never":
                 wm = self._stamp((await self._current_position()).position())
                 start = self._start_at(wm)
                 return _Plan(start=start, announce=[Mark(MarkKind.STREAM_START, wm, {}), *self._server_marks(wm)])
             return self._fresh_snapshot_plan(mode)
-        if snap and not snap.get("done"):
-            wm_pos = position_from_json(snap["watermark"])
-            assert isinstance(wm_pos, MySqlPosition)
+        if snap is not None and not snap.done:
+            wm_pos = snap.watermark
             verdict = self._judge(facts, recorded, wm_pos, "the interrupted snapshot's watermark")
             if verdict is None:
                 return self._purged(wm_pos, facts, mode, "the interrupted snapshot's watermark")
             if isinstance(verdict, str):
                 return self._lost(verdict, mode, facts)
             self._adopt(facts, verdict)
-            tasks = [SnapshotTask(TableId.parse(t), key_from_json(e["last_key"]) if e.get("last_key") else None)
-                     for t, e in sorted((snap.get("tables") or {}).items()) if not e.get("done")]
+            tasks = [SnapshotTask(TableId.parse(t), key_from_json(e.last_key) if e.last_key else None)
+                     for t, e in sorted(snap.tables.items()) if not e.done]
             return _Plan(snapshot_tasks=tasks, watermark=wm_pos, stream=mode != "initial_only",
                          announce=self._server_marks(self._mark_at(wm_pos)))
-        if mode == "initial_only" and snap and snap.get("done"):
+        if mode == "initial_only" and snap is not None and snap.done:
             return _Plan(stream=False)
         pos = resume.position
         if pos is None:
-            pos = position_from_json(snap["watermark"] if snap else state["stream_start"])
+            pos = snap.watermark if snap is not None else state.stream_start
+            if pos is None:
+                raise SourceFatal("the checkpoint's source state has neither a snapshot nor a stream start: it was "
+                                  "not written by this source; point state.path at a fresh directory")
         if not isinstance(pos, MySqlPosition):
             raise SourceFatal(f"the checkpoint position {pos} is not a MySQL binlog position: this state directory "
                               "belongs to another kind of source; point state.path at a fresh directory")
@@ -253,7 +255,7 @@ class MySqlSource(Source):
             pos = last
             self._last_was_commit = self._last_is_commit()
         else:
-            self._last_was_commit = not state.get("inside_tx", False)
+            self._last_was_commit = not state.inside_tx
         what = "the checkpoint"
         verdict = self._judge(facts, recorded, pos, what)
         if verdict is None:

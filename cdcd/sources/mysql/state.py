@@ -16,13 +16,60 @@ GTIDs continues in the next epoch; a server whose binlog went back is refused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from cdcd.errors import CheckpointFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId
-from cdcd.positions import MySqlPosition
+from cdcd.positions import MySqlPosition, position_from_json
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
 from cdcd.sources.mysql.types import key_to_json
+
+
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    """One table's snapshot progress: resume after ``last_key`` (``types.key_to_json`` form)."""
+
+    last_key: list[Any] | None = None
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotProgress:
+    watermark: MySqlPosition
+    done: bool
+    tables: Mapping[str, TableProgress]
+
+
+@dataclass(frozen=True, slots=True)
+class MySqlState:
+    """The checkpoint's MySQL/MariaDB state, typed, as the planner reads it (``fold_state`` writes the JSON)."""
+
+    snapshot: SnapshotProgress | None = None
+    stream_start: MySqlPosition | None = None  # snapshot.mode = "never": where streaming began
+    server: dict[str, Any] | None = None  # {"server_id", "uuid", "epoch"}
+    inside_tx: bool = False
+    schemas: Mapping[str, Any] = field(default_factory=dict)  # SchemaHistory JSON
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> MySqlState:
+        snap = doc.get("snapshot")
+        progress = None
+        if snap:
+            tables = {name: TableProgress(e.get("last_key"), bool(e.get("done", False)))
+                      for name, e in (snap.get("tables") or {}).items()}
+            progress = SnapshotProgress(_mysql_position(snap["watermark"]), bool(snap.get("done")), tables)
+        start = _mysql_position(doc["stream_start"]) if doc.get("stream_start") else None
+        return cls(progress, start, doc.get("server"), bool(doc.get("inside_tx", False)), doc.get("schemas") or {})
+
+
+def _mysql_position(doc: dict[str, Any]) -> MySqlPosition:
+    pos = position_from_json(doc)
+    if not isinstance(pos, MySqlPosition):
+        raise CheckpointFatal(f"checkpoint position {doc!r} is not a MySQL binlog position: this state directory "
+                              "belongs to another kind of source; point state.path at a fresh directory")
+    return pos
 
 
 def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.snapshot import PgSnapshot, SnapshotReader, SnapshotTable
-from cdcd.sources.postgres.state import fold_state
+from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
 from cdcd.sources.postgres.stream import PgStream, PgTables, slot_gone_message
 
 log = structlog.get_logger("cdcd.source.postgres")
@@ -94,11 +94,10 @@ class PostgresSource(Source):
         self._coord.connected = True
 
     async def _plan(self, resume: ResumePoint) -> None:
-        state = resume.state or {}
-        snap = state.get("snapshot") or {}
+        state = PgState.parse(resume.state or {})
         if self._mode == "initial_only":
             self._stream_changes = False
-            if snap.get("status") == "done":
+            if state.snapshot == "done":
                 return
             await self._open_snapshot(None, state, slot=None)
             return
@@ -106,31 +105,30 @@ class PostgresSource(Source):
         slot = await catalog.slot_info(self._t.sql, self._slot)
         if slot is not None:
             self._check_slot(slot)
-        if state.get("slot"):
-            if state["slot"] != self._slot:
-                raise SourceFatal(f"the checkpoint was written for replication slot {state['slot']!r} but "
+        if state.slot:
+            if state.slot != self._slot:
+                raise SourceFatal(f"the checkpoint was written for replication slot {state.slot!r} but "
                                   f"source.postgres.slot is {self._slot!r}; restore the setting, or re-snapshot "
                                   "with a fresh state.path")
             if slot is None:
                 if self._mode != "when_needed":
-                    raise SourceFatal(slot_gone_message(str(state["slot"]), self._params.where))
+                    raise SourceFatal(slot_gone_message(state.slot, self._params.where))
                 log.warning("the checkpoint's replication slot is gone; snapshot.mode=when_needed takes a new snapshot",
-                            slot=state["slot"])
+                            slot=state.slot)
                 self._system = None
                 await self._verify_system(None)
                 await self._new_slot_with_snapshot()
                 return
-            self._watermark = PgPosition(parse_lsn(state["watermark"]), 0)
-            self._stream.flush_lsn = max(parse_lsn(state.get("flush_lsn", state["watermark"])),
-                                         slot.confirmed_flush_lsn or 0)
+            self._watermark = PgPosition(state.watermark, 0)
+            self._stream.flush_lsn = max(state.flush_lsn, slot.confirmed_flush_lsn or 0)
             if isinstance(resume.position, PgPosition):
                 self._resume_position = resume.position
             if self._system is None:
-                self._system = state.get("system")
+                self._system = state.system
             if await self._verify_system(None):
                 at = self._resume_position or self._watermark
                 self._announce = [Mark(MarkKind.IDENTITY, at, dict(self._system or {}))]
-            if snap.get("status") == "running":
+            if state.snapshot == "running":
                 await self._open_snapshot(None, state, slot=self._slot)
             return
         # No checkpoint state: a first start.
@@ -159,7 +157,7 @@ class PostgresSource(Source):
         log.warning("replication slot exists but there is no checkpoint; advanced it to now, snapshot under a "
                     "fresh snapshot and stream from there", slot=self._slot, lsn=format_lsn(start))
         self._begin(start, snapshot=True)
-        await self._open_snapshot(None, {}, slot=self._slot)
+        await self._open_snapshot(None, PgState(), slot=self._slot)
 
     def _reached(self) -> int:
         """The highest WAL position cdcd committed or emitted: the server's history must contain it."""
@@ -220,29 +218,27 @@ class PostgresSource(Source):
             self._begin(created.consistent_point, snapshot=True)
             # The exported snapshot lives until the replication connection's next command:
             # every worker imports it before we let go of the connection.
-            await self._open_snapshot(created.snapshot_name, {}, slot=self._slot)
+            await self._open_snapshot(created.snapshot_name, PgState(), slot=self._slot)
         finally:
             await repl.close()
 
-    async def _open_snapshot(self, snapshot_name: str | None, state: dict[str, Any], slot: str | None) -> None:
-        progress = (state.get("snapshot") or {}).get("tables") or {}
+    async def _open_snapshot(self, snapshot_name: str | None, state: PgState, slot: str | None) -> None:
         tables: list[SnapshotTable] = []
         for t in self._tables:
-            entry = progress.get(str(t)) or {}
+            entry = state.tables.get(str(t)) or TableProgress()
             info = self._t.infos[t]
-            after = entry.get("last_key") if info.key else None
-            tables.append(SnapshotTable(info, self._t.shapes[t], after, int(entry.get("rows", 0)) if after else 0,
-                                        bool(entry.get("done", False))))
+            after = entry.last_key if info.key else None
+            tables.append(SnapshotTable(info, self._t.shapes[t], after, entry.rows if after else 0, entry.done))
         self._snapshot_tables = tables
         reader = SnapshotReader(self._params, self._config.snapshot.parallelism, self._config.snapshot.chunk_rows,
                                 self._t.warnings, self._config.snapshot.chunk_bytes)
         await reader.open(snapshot_name, sum(1 for t in tables if not t.done))
         self._reader = reader
-        if not state and self._start_mark is None:
+        if state.empty and self._start_mark is None:
             # initial_only first start: no slot; the watermark is the WAL position of the fresh snapshot.
             self._begin(reader.watermark_lsn or 0, snapshot=True, slot=slot)
-        elif state:
-            self._watermark = PgPosition(parse_lsn(state["watermark"]), 0)
+        elif not state.empty:
+            self._watermark = PgPosition(state.watermark, 0)
 
     # ------------------------------------------------------------ stream: the coordinator runs the plan
 

@@ -15,12 +15,47 @@ the runtime confirmed durable: never beyond the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.events import ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
+
+
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    """One table's snapshot progress: resume after ``last_key`` (the server's text of each key column)."""
+
+    last_key: list[str] | None = None
+    rows: int = 0
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PgState:
+    """The checkpoint's PostgreSQL state, typed, as the planner reads it (``fold_state`` writes the JSON form)."""
+
+    empty: bool = True  # no state at all: a first start
+    slot: str | None = None  # None: initial_only (no slot)
+    watermark: int = 0
+    flush_lsn: int = 0
+    snapshot: str = "none"  # "running" | "done" | "none"
+    tables: Mapping[str, TableProgress] = field(default_factory=dict)
+    system: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> PgState:
+        if not doc:
+            return cls()
+        snap = doc.get("snapshot") or {}
+        watermark = parse_lsn(doc["watermark"]) if doc.get("watermark") else 0
+        tables = {name: TableProgress(e.get("last_key"), int(e.get("rows", 0)), bool(e.get("done", False)))
+                  for name, e in (snap.get("tables") or {}).items()}
+        flush = parse_lsn(doc["flush_lsn"]) if doc.get("flush_lsn") else watermark
+        return cls(False, doc.get("slot"), watermark, flush, str(snap.get("status") or "none"), tables,
+                   doc.get("system"))
 
 
 def fresh_state(slot: str | None, watermark: int, snapshot: bool,
