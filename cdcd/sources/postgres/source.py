@@ -27,10 +27,11 @@ from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import SlotInfo
 from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
+from cdcd.sources.postgres.plan import Step, check_slot, decide
 from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.snapshot import PgSnapshot, SnapshotReader, SnapshotTable
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
-from cdcd.sources.postgres.stream import PgStream, PgTables, slot_gone_message
+from cdcd.sources.postgres.stream import PgStream, PgTables
 
 log = structlog.get_logger("cdcd.source.postgres")
 
@@ -94,31 +95,31 @@ class PostgresSource(Source):
         self._coord.connected = True
 
     async def _plan(self, resume: ResumePoint) -> None:
+        """Gather the facts, let ``plan.decide`` choose the run (pure), carry it out."""
         state = PgState.parse(resume.state or {})
+        slot: SlotInfo | None = None
         if self._mode == "initial_only":
             self._stream_changes = False
-            if state.snapshot == "done":
-                return
+        else:
+            await catalog.ensure_publication(self._t.sql, self._publication, self._tables, self._t.infos)
+            slot = await catalog.slot_info(self._t.sql, self._slot)
+            if slot is not None:
+                check_slot(slot, self._params.database)
+        step = decide(state, slot, self._slot, self._mode, self._params.where)
+        if step is Step.SNAPSHOT_DONE:
+            return
+        if step is Step.SNAPSHOT_ONLY:
             await self._open_snapshot(None, state, slot=None)
             return
-        await catalog.ensure_publication(self._t.sql, self._publication, self._tables, self._t.infos)
-        slot = await catalog.slot_info(self._t.sql, self._slot)
-        if slot is not None:
-            self._check_slot(slot)
-        if state.slot:
-            if state.slot != self._slot:
-                raise SourceFatal(f"the checkpoint was written for replication slot {state.slot!r} but "
-                                  f"source.postgres.slot is {self._slot!r}; restore the setting, or re-snapshot "
-                                  "with a fresh state.path")
-            if slot is None:
-                if self._mode != "when_needed":
-                    raise SourceFatal(slot_gone_message(state.slot, self._params.where))
-                log.warning("the checkpoint's replication slot is gone; snapshot.mode=when_needed takes a new snapshot",
-                            slot=state.slot)
-                self._system = None
-                await self._verify_system(None)
-                await self._new_slot_with_snapshot()
-                return
+        if step is Step.NEW_SLOT_AFTER_LOSS:
+            log.warning("the checkpoint's replication slot is gone; snapshot.mode=when_needed takes a new snapshot",
+                        slot=state.slot)
+            self._system = None
+            await self._verify_system(None)
+            await self._new_slot_with_snapshot()
+            return
+        if step is Step.RESUME:
+            assert slot is not None
             self._watermark = PgPosition(state.watermark, 0)
             self._stream.flush_lsn = max(state.flush_lsn, slot.confirmed_flush_lsn or 0)
             if isinstance(resume.position, PgPosition):
@@ -134,30 +135,28 @@ class PostgresSource(Source):
         # No checkpoint state: a first start.
         self._system = None
         await self._verify_system(None)  # records the server's identity for the start Mark
-        if slot is None:
-            if self._mode == "never":
-                repl = await ReplicationConnection.connect(self._params)
-                try:
-                    created = await repl.create_slot(self._slot, export_snapshot=False)
-                finally:
-                    await repl.close()
-                self._begin(created.consistent_point, snapshot=False)
-            else:
-                await self._new_slot_with_snapshot()
-            return
-        start = slot.confirmed_flush_lsn or 0
-        if self._mode == "never":
-            self._begin(start, snapshot=False)
-            return
-        # A slot without a checkpoint (a crash before the first commit, or made by hand): keep it and
-        # snapshot under a fresh snapshot; replaying from the slot's point onto that converges.
-        # Move it to now first: its old point may predate the publication, which pgoutput cannot decode,
-        # and everything before now is in the snapshot anyway.
-        start = await catalog.advance_slot_to_now(self._t.sql, self._slot)
-        log.warning("replication slot exists but there is no checkpoint; advanced it to now, snapshot under a "
-                    "fresh snapshot and stream from there", slot=self._slot, lsn=format_lsn(start))
-        self._begin(start, snapshot=True)
-        await self._open_snapshot(None, PgState(), slot=self._slot)
+        if step is Step.NEW_SLOT_STREAM:
+            repl = await ReplicationConnection.connect(self._params)
+            try:
+                created = await repl.create_slot(self._slot, export_snapshot=False)
+            finally:
+                await repl.close()
+            self._begin(created.consistent_point, snapshot=False)
+        elif step is Step.NEW_SLOT_SNAPSHOT:
+            await self._new_slot_with_snapshot()
+        elif step is Step.SLOT_STREAM:
+            assert slot is not None
+            self._begin(slot.confirmed_flush_lsn or 0, snapshot=False)
+        else:
+            # A slot without a checkpoint (a crash before the first commit, or made by hand): keep it and
+            # snapshot under a fresh snapshot; replaying from the slot's point onto that converges.
+            # Move it to now first: its old point may predate the publication, which pgoutput cannot decode,
+            # and everything before now is in the snapshot anyway.
+            start = await catalog.advance_slot_to_now(self._t.sql, self._slot)
+            log.warning("replication slot exists but there is no checkpoint; advanced it to now, snapshot under a "
+                        "fresh snapshot and stream from there", slot=self._slot, lsn=format_lsn(start))
+            self._begin(start, snapshot=True)
+            await self._open_snapshot(None, PgState(), slot=self._slot)
 
     def _reached(self) -> int:
         """The highest WAL position cdcd committed or emitted: the server's history must contain it."""
@@ -190,15 +189,6 @@ class PostgresSource(Source):
                             old=self._system.get("timeline"), new=facts.timeline)
             self._system = facts.record()
         return changed
-
-    def _check_slot(self, slot: SlotInfo) -> None:
-        if slot.plugin != "pgoutput" or slot.database != self._params.database:
-            raise SourceFatal(
-                f"replication slot {slot.name!r} uses plugin {slot.plugin!r} on database {slot.database!r}; cdcd needs "
-                f"a pgoutput slot on {self._params.database!r}: set source.postgres.slot to another name")
-        if slot.wal_status == "lost":
-            raise SourceFatal(f"replication slot {slot.name!r} has lost WAL it needs (wal_status=lost, "
-                              "max_slot_wal_keep_size exceeded): drop it and re-snapshot")
 
     def _begin(self, watermark: int, snapshot: bool, slot: str | None = "") -> None:
         """Record a first start: the Mark that puts slot and watermark into the checkpoint."""

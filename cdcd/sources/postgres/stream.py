@@ -26,6 +26,7 @@ from cdcd.positions import PgPosition, Position, format_lsn
 from cdcd.sources.postgres import catalog, pgoutput
 from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, TableInfo
 from cdcd.sources.postgres.connection import ConnectParams
+from cdcd.sources.postgres.plan import slot_gone_message
 from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.replication import PgServerError, ReplicationConnection
 from cdcd.sources.postgres.shape import (
@@ -265,9 +266,3 @@ class PgStream:
                 self._hb_sql.terminate()
         self._hb_sql = None
 
-
-def slot_gone_message(slot: str, where: str) -> str:
-    return (f"replication slot {slot!r} named by the checkpoint does not exist on {where}: "
-            "the changes since the checkpoint are lost to it, and a new slot would silently skip them. "
-            "To re-snapshot: stop cdcd, move the state directory (state.path) aside and start again "
-            "(a new slot and a full snapshot); or set snapshot.mode = \"when_needed\"")
