@@ -33,6 +33,7 @@ from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
+from cdcd.sources.mysql.plan import LOST_FIX, Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status
@@ -44,20 +45,6 @@ from cdcd.sources.mysql.types import key_from_json
 log = structlog.get_logger("cdcd.source.mysql")
 
 HISTORY_CHECK_S = 5.0  # while streaming, how often the server's binlog is checked against the last position
-
-LOST_FIX = (
-    "The changes since are lost to cdcd and the mirror cannot be brought up to date from this binlog. Re-snapshot: "
-    "stop cdcd (`cdcd stop -c CONFIG`), move the state directory (state.path) and the landing zone (landing.path) "
-    "aside, start again with snapshot.mode = \"initial\" and let `cdcd spark run` write to a fresh --target; or set "
-    "snapshot.mode = \"when_needed\" to re-snapshot automatically (see docs/operations.md, Faults)."
-)
-
-RESNAPSHOT_FIX = (
-    "Re-snapshot: stop cdcd, remove the state directory (state.path) and the landing zone and start again with "
-    "snapshot.mode = \"initial\", or set snapshot.mode = \"when_needed\" to re-snapshot automatically; keep "
-    "binlogs longer (expire_logs_days / binlog_expire_logs_seconds) so this does not recur."
-)
-
 
 # ------------------------------------------------------------------ the source
 
@@ -211,44 +198,39 @@ class MySqlSource(Source):
         return dataclasses.replace(pos, epoch=self._epoch)
 
     async def _make_plan(self, resume: ResumePoint, v: dict[str, str]) -> _Plan:
+        """Gather the facts, let ``plan.py`` decide (pure), carry the decision out."""
         mode = self.config.snapshot.mode
         state = MySqlState.parse(resume.state)
-        snap = state.snapshot
         facts = await self._server_facts(v)
         recorded: dict[str, Any] | None = self._server or state.server
         ckpt_epoch = resume.position.epoch if isinstance(resume.position, MySqlPosition) else 0
         self._epoch = max(self._epoch, int((recorded or {}).get("epoch", 0)), ckpt_epoch)
         self._server_due = None
-        if resume.position is None and snap is None:
+        step = first_step(state, resume.position, mode)
+        if step is Step.STREAM_FROM_NOW:
             self._adopt(facts, None)
-            if mode == "never":
-                wm = self._stamp((await self._current_position()).position())
-                start = self._start_at(wm)
-                return _Plan(start=start, announce=[Mark(MarkKind.STREAM_START, wm, {}), *self._server_marks(wm)])
+            wm = self._stamp((await self._current_position()).position())
+            return _Plan(start=self._start_at(wm), announce=[Mark(MarkKind.STREAM_START, wm, {}),
+                                                             *self._server_marks(wm)])
+        if step is Step.FRESH_SNAPSHOT:
+            self._adopt(facts, None)
             return self._fresh_snapshot_plan(mode)
-        if snap is not None and not snap.done:
-            wm_pos = snap.watermark
-            verdict = self._judge(facts, recorded, wm_pos, "the interrupted snapshot's watermark")
-            if verdict is None:
-                return self._purged(wm_pos, facts, mode, "the interrupted snapshot's watermark")
-            if isinstance(verdict, str):
-                return self._lost(verdict, mode, facts)
+        if step is Step.RESUME_SNAPSHOT:
+            assert state.snapshot is not None
+            wm_pos = state.snapshot.watermark
+            what = "the interrupted snapshot's watermark"
+            verdict = self._judged(facts, recorded, wm_pos, what, mode)
+            if verdict is Step.RESNAPSHOT:
+                return self._resnapshot_plan(mode, facts)
+            assert isinstance(verdict, Verdict)
             self._adopt(facts, verdict)
             tasks = [SnapshotTask(TableId.parse(t), key_from_json(e.last_key) if e.last_key else None)
-                     for t, e in sorted(snap.tables.items()) if not e.done]
+                     for t, e in sorted(state.snapshot.tables.items()) if not e.done]
             return _Plan(snapshot_tasks=tasks, watermark=wm_pos, stream=mode != "initial_only",
                          announce=self._server_marks(self._mark_at(wm_pos)))
-        if mode == "initial_only" and snap is not None and snap.done:
+        if step is Step.DONE:
             return _Plan(stream=False)
-        pos = resume.position
-        if pos is None:
-            pos = snap.watermark if snap is not None else state.stream_start
-            if pos is None:
-                raise SourceFatal("the checkpoint's source state has neither a snapshot nor a stream start: it was "
-                                  "not written by this source; point state.path at a fresh directory")
-        if not isinstance(pos, MySqlPosition):
-            raise SourceFatal(f"the checkpoint position {pos} is not a MySQL binlog position: this state directory "
-                              "belongs to another kind of source; point state.path at a fresh directory")
+        pos = resume_position(state, resume.position)
         last = self._coord.last
         if isinstance(last, MySqlPosition) and last > pos:
             # a reconnect of this process: the runtime holds everything emitted so far, resume after it
@@ -256,18 +238,26 @@ class MySqlSource(Source):
             self._last_was_commit = self._last_is_commit()
         else:
             self._last_was_commit = not state.inside_tx
-        what = "the checkpoint"
-        verdict = self._judge(facts, recorded, pos, what)
-        if verdict is None:
-            return self._purged(pos, facts, mode, what)
-        if isinstance(verdict, str):
-            return self._lost(verdict, mode, facts)
+        verdict = self._judged(facts, recorded, pos, "the checkpoint", mode)
+        if verdict is Step.RESNAPSHOT:
+            return self._resnapshot_plan(mode, facts)
+        assert isinstance(verdict, Verdict)
         if self.flavor == "mysql" and self.gtid_mode and pos.gtid:
             check_not_purged("mysql", pos.gtid, v.get("gtid_purged", ""))
         self._adopt(facts, verdict)
         self._arm_resend_skip(pos)
         self._resume_pos = pos
         return _Plan(start=self._start_at(pos), announce=self._server_marks(self._mark_at(pos)))
+
+    def _judged(self, facts: BinlogFacts, recorded: dict[str, Any] | None, pos: MySqlPosition, what: str,
+                mode: str) -> Verdict | Step:
+        """``judge`` and ``after_verdict``: a verdict to go on with, or ``Step.RESNAPSHOT`` (fatal otherwise)."""
+        verdict = self._judge(facts, recorded, pos, what)
+        decided = after_verdict(verdict, mode, pos, facts, what)
+        if decided is Step.RESNAPSHOT and isinstance(verdict, str):
+            log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
+                        problem=verdict)
+        return decided
 
     def _judge(self, facts: BinlogFacts, recorded: dict[str, Any] | None, pos: MySqlPosition,
                what: str) -> Verdict | str | None:
@@ -314,13 +304,6 @@ class MySqlSource(Source):
         item = self._coord.last_item
         return type(item) is Mark and item.kind == MarkKind.COMMIT
 
-    def _lost(self, problem: str, mode: str, facts: BinlogFacts) -> _Plan:
-        if mode == "when_needed":
-            log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
-                        problem=problem)
-            return self._resnapshot_plan(mode, facts)
-        raise SourceFatal(f"{problem}. {LOST_FIX}")
-
     def _resnapshot_plan(self, mode: str, facts: BinlogFacts) -> _Plan:
         """A new snapshot replacing a lost position: a new epoch on this server, so its rows and the changes after
         it sort above everything landed before."""
@@ -332,17 +315,6 @@ class MySqlSource(Source):
     def _fresh_snapshot_plan(self, mode: str) -> _Plan:
         tasks = [SnapshotTask(t) for t in sorted(self.tables)]
         return _Plan(snapshot_tasks=tasks, fresh_snapshot=True, stream=mode != "initial_only")
-
-    def _purged(self, pos: MySqlPosition, facts: BinlogFacts, mode: str, what: str) -> _Plan:
-        if mode == "when_needed":
-            return self._resnapshot_plan(mode, facts)
-        files = facts.files
-        oldest = files[0] if files else "(none)"
-        raise SourceFatal(
-            f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
-            f"the server (purged; the oldest binlog is {oldest}): the changes since then are lost to cdcd. "
-            + RESNAPSHOT_FIX
-        )
 
     async def _reconnect_point(self, fallback: StartPoint) -> tuple[StartPoint, list[Item]]:
         """Before a reconnect of the binlog stream: check that the server (maybe another one after a failover)
