@@ -193,16 +193,33 @@ class RowBlock:
                 for row in self.data.to_pylist()]
 
 
+class MarkKind(enum.StrEnum):
+    """What a ``Mark`` records. One set for every source; each source's ``fold`` reads the kinds it emits.
+
+    Marks are never landed nor saved (the checkpoint holds what ``fold`` made of them), so the values are
+    free to change; they are strings for logs and tests.
+    """
+
+    SNAPSHOT_START = "snapshot_start"  # a new snapshot begins at its watermark: the source state starts over
+    STREAM_START = "stream_start"  # a first start without a snapshot (snapshot.mode = "never")
+    SNAPSHOT_TABLE_START = "snapshot_table_start"  # a table's snapshot begins (MySQL: its schema)
+    SNAPSHOT_TABLE_DONE = "snapshot_table_done"  # a table's snapshot rows are all delivered
+    SNAPSHOT_DONE = "snapshot_done"  # the whole snapshot is delivered; streaming follows
+    COMMIT = "commit"  # a streamed transaction ended
+    HEARTBEAT = "heartbeat"  # progress without a transaction (PostgreSQL logical message)
+    SCHEMA = "schema"  # a table's new schema (MySQL schema history)
+    DDL = "ddl"  # DDL on a captured table that changes no tracked schema
+    IDENTITY = "identity"  # the server the positions belong to (PostgreSQL system id/timeline, MySQL server/epoch)
+
+
 @dataclass(slots=True)
 class Mark:
     """A position-only item: progress the checkpoint must record, nothing to land.
 
-    ``kind`` is source-defined (``heartbeat``, ``commit``, ``snapshot_table_done``,
-    ``snapshot_done``, ``schema``...); ``detail`` carries what the source's
-    ``fold`` needs to update its durable state.
+    ``detail`` carries what the source's ``fold`` needs to update its durable state.
     """
 
-    kind: str
+    kind: MarkKind
     position: Position
     detail: dict[str, Any] = field(default_factory=dict)
 

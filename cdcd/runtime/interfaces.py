@@ -3,7 +3,9 @@
 A ``Source`` owns everything about one database: connecting, preflight,
 snapshot and streaming (including the snapshot-to-stream handoff and resume),
 and a pure ``fold`` that says what its durable state is once a run of items is
-committed. The runtime owns batching, the commit barrier and the checkpoint.
+committed. cdcd's sources plan in ``connect`` and let the capture coordinator
+(``cdcd/capture/coordinator.py``) run the snapshot and the stream. The runtime
+owns batching, the commit barrier and the checkpoint.
 
 A ``Sink`` lands batches durably and reports acks, possibly out of order.
 """

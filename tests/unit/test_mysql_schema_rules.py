@@ -5,12 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from cdcd.errors import CheckpointFatal
 from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate
 from cdcd.sources.mysql.schema import SchemaHistory, apply_alter, parse_ddl, schema_to_json
 from cdcd.sources.mysql.snapshot import parse_binlog_status, parse_snapshot_status
-from cdcd.sources.mysql.source import fold_state
+from cdcd.sources.mysql.state import MySqlState, TableProgress, fold_state
 from cdcd.sources.mysql.types import arrow_type
 
 T = TableId("app", "t")
@@ -85,6 +86,12 @@ def test_fold_tracks_snapshot_progress_and_schemas() -> None:
     assert state2["snapshot"]["done"] and state2["snapshot"]["tables"]["app.t"] == {"last_key": [3], "done": True}
     assert state["snapshot"]["done"] is False  # pure: the input is untouched
     assert fold_state(state2, [Mark("commit", MySqlPosition.at("b.000003", 500, 2), {"events": 1})]) == state2
+    typed = MySqlState.parse(state)  # what the planner reads
+    assert typed.snapshot is not None and typed.snapshot.watermark == wm and not typed.snapshot.done
+    assert typed.snapshot.tables["app.t"] == TableProgress([3], False) and typed.stream_start is None
+    assert MySqlState.parse(state2).snapshot.done  # type: ignore[union-attr]
+    with pytest.raises(CheckpointFatal, match="not a MySQL binlog position"):
+        MySqlState.parse({"snapshot": {"watermark": {"kind": "postgres", "lsn": "0/1", "seq": 0}}})
 
 
 def test_binlog_status_recorded_outputs() -> None:

@@ -6,9 +6,9 @@ import copy
 
 import pyarrow as pa
 
-from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
+from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import PgPosition, format_lsn
-from cdcd.sources.postgres.state import fold_state, fresh_state
+from cdcd.sources.postgres.state import PgState, TableProgress, fold_state, fresh_state
 
 T = TableSchema(TableId("public", "t"), (Column("id", pa.int32(), "int4"), Column("v", pa.string(), "text")), ("id",))
 U = TableSchema(TableId("public", "u"), (Column("v", pa.string(), "text"),), ())
@@ -20,7 +20,7 @@ def snap(table: TableSchema, row: dict[str, object]) -> ChangeEvent:
 
 
 def start() -> Mark:
-    return Mark("start", W, {"slot": "s", "watermark": format_lsn(1000), "snapshot": True})
+    return Mark(MarkKind.SNAPSHOT_START, W, {"slot": "s", "watermark": format_lsn(1000)})
 
 
 def test_snapshot_progress_is_the_last_committed_key_per_table() -> None:
@@ -55,7 +55,17 @@ def test_flush_follows_commits_and_heartbeats_only() -> None:
 
 def test_a_new_start_mark_resets_the_state() -> None:
     old = fold_state({}, [start(), snap(T, {"id": 9, "v": "z"})])
-    new = fold_state(old, [Mark("start", PgPosition(5000, 0), {"slot": "s", "watermark": "0/1388", "snapshot": True}),
+    new = fold_state(old, [Mark(MarkKind.SNAPSHOT_START, PgPosition(5000, 0), {"slot": "s", "watermark": "0/1388"}),
                            snap(T, {"id": 1, "v": "a"})])
     assert new["watermark"] == "0/1388"
     assert new["snapshot"]["tables"]["public.t"] == {"last_key": ["1"], "rows": 1, "done": False}
+
+
+def test_the_planner_reads_the_folded_state_typed() -> None:
+    assert PgState.parse({}).empty
+    state = fold_state({}, [start(), snap(T, {"id": 7, "v": "a"}), Mark(MarkKind.COMMIT, PgPosition(2000, 2),
+                                                                        {"lsn": format_lsn(2000)})])
+    typed = PgState.parse(state)
+    assert not typed.empty and typed.slot == "s" and typed.watermark == 1000 and typed.flush_lsn == 2000
+    assert typed.snapshot == "running" and typed.tables["public.t"] == TableProgress(["7"], 1, False)
+    assert PgState.parse(fresh_state(None, 1000, True)).slot is None  # initial_only: no slot

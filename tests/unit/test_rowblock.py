@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from cdcd.events import ChangeEvent, Column, Mark, Op, RowBlock, TableId, TableSchema
+from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
 from cdcd.landing.reader import read_batch
 from cdcd.positions import PgPosition, format_lsn
 from cdcd.runtime.batcher import Batcher
@@ -113,7 +113,7 @@ def test_the_batcher_splits_blocks_so_a_batch_never_exceeds_max_events() -> None
 
 
 def test_fold_records_the_last_key_of_committed_blocks_and_slices() -> None:
-    start = Mark("start", W, {"slot": "s", "watermark": format_lsn(W.lsn), "snapshot": True})
+    start = Mark(MarkKind.SNAPSHOT_START, W, {"slot": "s", "watermark": format_lsn(W.lsn)})
     blk = block(T, rows(1, 100))
     state = fold_state({}, [start, blk.slice(0, 40)])
     assert state["snapshot"]["tables"]["public.t"] == {"last_key": ["40"], "rows": 40, "done": False}

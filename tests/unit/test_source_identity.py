@@ -109,14 +109,15 @@ def test_pg_timeline_change_is_accepted_only_when_it_forked_after_what_was_captu
 
 
 def test_fold_records_whether_the_checkpoint_sits_on_a_commit() -> None:
-    from cdcd.events import Mark
-    from cdcd.sources.mysql.source import fold_state
+    from cdcd.events import Mark, MarkKind
+    from cdcd.sources.mysql.state import fold_state
 
     mid = MySqlPosition.at("b.000001", 100, 2, "0-1-5")
     inside = fold_state({}, [Mark("ddl", mid, {"table": "d.t", "ddl": "x"})])
     assert inside["inside_tx"] is True
     assert "inside_tx" not in fold_state(inside, [Mark("commit", mid, {"events": 1})])
-    assert fold_state({}, [Mark("server", mid, {"server_id": 2, "uuid": "", "epoch": 1})])["server"]["epoch"] == 1
+    identity = Mark(MarkKind.IDENTITY, mid, {"server_id": 2, "uuid": "", "epoch": 1})
+    assert fold_state({}, [identity])["server"]["epoch"] == 1
 
 
 def test_resuming_on_another_server_inside_a_transaction_skips_only_its_delivered_items() -> None:
@@ -130,11 +131,11 @@ def test_resuming_on_another_server_inside_a_transaction_skips_only_its_delivere
     inside = MySqlPosition.at("b.000004", 100, 3, "0-1-5")  # epoch 0: the old server
     src._last_was_commit = False
     src._arm_resend_skip(inside)
-    assert src._resend_skip == ("0-1-5", 3)
+    assert src._stream.resend_skip == ("0-1-5", 3)
     assert src._start_at(inside).use_gtid and src._start_at(inside).gtid == "0-1-5"
     src._last_was_commit = True  # a commit: the new server starts after it, nothing to skip
     src._arm_resend_skip(inside)
-    assert src._resend_skip is None
+    assert src._stream.resend_skip is None
     src._last_was_commit = False
     src._arm_resend_skip(MySqlPosition.at("b.000004", 100, 3, "0-1-5", epoch=1))  # same server: offsets dedupe
-    assert src._resend_skip is None
+    assert src._stream.resend_skip is None

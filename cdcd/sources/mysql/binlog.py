@@ -26,7 +26,7 @@ from pymysqlreplication import event as bl
 from pymysqlreplication import row_event as rows
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import Item, Mark
+from cdcd.events import Item, Mark, MarkKind
 from cdcd.sockets import keepalive
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.failures import TRANSIENT_CODES
@@ -229,7 +229,7 @@ class BinlogReader:
                 items = decoder.feed(ev)
                 if not items:
                     continue
-                if len(items) == 1 and type(items[0]) is Mark and items[0].kind == "commit" \
+                if len(items) == 1 and type(items[0]) is Mark and items[0].kind == MarkKind.COMMIT \
                         and not items[0].detail["events"]:
                     held = items[0]
                     if time.monotonic() - last_sent < IDLE_MARK_INTERVAL_S:

@@ -21,7 +21,7 @@ from pymysqlreplication import row_event as rows
 from pymysqlreplication.constants import NONE_SOURCE
 
 from cdcd.errors import SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, TableId, TableSchema
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition, binlog_index
 from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
@@ -131,7 +131,8 @@ class Decoder:
             self._gtid_text = str(self.gtid)
         self.seq += 1
         pos = MySqlPosition(self.file_index, self.tx_start, self.seq, self.file, self._gtid_text, self.epoch)
-        mark = Mark("commit", pos, {"events": self.tx_events, "tx": self.tx_id, "next_pos": int(ev.packet.log_pos)})
+        mark = Mark(MarkKind.COMMIT, pos,
+                    {"events": self.tx_events, "tx": self.tx_id, "next_pos": int(ev.packet.log_pos)})
         self.tx_start = None
         self.tx_gtid = None
         return [mark]
@@ -153,8 +154,8 @@ class Decoder:
         derived = refine_types(schema_from_table_map(table, list(tmap.columns)), current or self.history.latest(table))
         if current is None or not same_shape(current, derived):
             current = self.history.record(slot, derived)
-            items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(current),
-                                               "reason": "table map"}))
+            items.append(Mark(MarkKind.SCHEMA, slot, {"table": str(table), "schema": schema_to_json(current),
+                                                      "reason": "table map"}))
         conv = [(c.name, f) for c in current.columns if (f := stream_converter(c.source_type)) is not None]
         d = _Decoded(current, conv, compile_table(list(tmap.columns), bool(ev._ignore_decode_errors)))
         self._decoded = {ev.table_id: (tmap, d)} | {k: v for k, v in self._decoded.items() if k != ev.table_id}
@@ -298,18 +299,19 @@ class Decoder:
                 new = apply_alter(current, ddl.actions) if current is not None else None
                 if new is not None and current is not None and not same_shape(new, current):
                     new = self.history.record(slot, new)
-                    items.append(Mark("schema", slot, {"table": str(table), "schema": schema_to_json(new),
-                                                       "reason": "ddl", "ddl": query[:2000]}))
+                    items.append(Mark(MarkKind.SCHEMA, slot, {"table": str(table), "schema": schema_to_json(new),
+                                                              "reason": "ddl", "ddl": query[:2000]}))
             elif ddl.kind == "rename" and ddl.new_table is not None:
                 moved = self.history.at(table, slot)
                 if ddl.new_table in self.tables and moved is not None:
                     new = self.history.record(slot, TableSchema(ddl.new_table, moved.columns, moved.key))
-                    items.append(Mark("schema", slot, {"table": str(ddl.new_table), "schema": schema_to_json(new),
-                                                       "reason": "rename", "ddl": query[:2000]}))
+                    items.append(Mark(MarkKind.SCHEMA, slot,
+                                      {"table": str(ddl.new_table), "schema": schema_to_json(new),
+                                       "reason": "rename", "ddl": query[:2000]}))
                 if table in self.tables:
-                    items.append(Mark("ddl", slot2, {"table": str(table), "ddl": query[:2000]}))
+                    items.append(Mark(MarkKind.DDL, slot2, {"table": str(table), "ddl": query[:2000]}))
             elif table in self.tables and ddl.kind in ("drop", "create", "alter"):
-                items.append(Mark("ddl", slot2, {"table": str(table), "ddl": query[:2000]}))
+                items.append(Mark(MarkKind.DDL, slot2, {"table": str(table), "ddl": query[:2000]}))
         return items
 
     def _on_rows(self, ev: Any) -> list[Item]:

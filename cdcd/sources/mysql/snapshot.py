@@ -35,13 +35,13 @@ from typing import Any
 import aiomysql
 import pyarrow as pa
 
-from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import Column, Item, Mark, RowBlock, TableId, TableSchema
+from cdcd.errors import SourceFatal
+from cdcd.events import Column, Item, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
-from cdcd.sockets import keepalive_transport
+from cdcd.sources.mysql.connection import open_connection as open_connection
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
-from cdcd.sources.mysql.tls import Tls, TlsError
+from cdcd.sources.mysql.tls import Tls
 from cdcd.sources.mysql.types import (
     UNKNOWN_TYPE,
     ZERO_DATE,
@@ -143,26 +143,6 @@ async def load_table_schema(conn: aiomysql.Connection, table: TableId) -> tuple[
     names = [c.name for c in columns]
     key = tuple(n for n in names if n in pk)  # column order, as the binlog's table map gives it
     return TableSchema(table, tuple(columns), key), pk
-
-
-async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> aiomysql.Connection:
-    """A session for queries and snapshots (UTC, REPEATABLE READ), encrypted per ``tls`` (plain without)."""
-    if tls is None:
-        tls = Tls.build("disable", None, settings["host"], settings["port"])
-    try:
-        conn = await tls.connect(**settings, autocommit=True)
-    except TlsError:
-        raise
-    except Exception as exc:
-        tls_exc = tls.explain(exc)
-        if tls_exc is not None:
-            raise tls_exc from exc
-        raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {exc}") from exc
-    keepalive_transport(getattr(getattr(conn, "_writer", None), "transport", None))
-    async with conn.cursor() as cur:
-        await cur.execute("SET SESSION time_zone = '+00:00'")
-        await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    return conn
 
 
 async def _execute(conn: aiomysql.Connection, sql: str) -> list[Any]:
@@ -286,7 +266,7 @@ class Snapshotter:
                               "AND TABLE_NAME = %s", (table.schema, table.name))
             est = await cur.fetchone()
             prog.total_estimate = int(est[0] or 0) if est else 0
-        yield [Mark("snapshot_table_start", at, {"table": str(table), "schema": schema_to_json(schema)})]
+        yield [Mark(MarkKind.SNAPSHOT_TABLE_START, at, {"table": str(table), "schema": schema_to_json(schema)})]
         names = schema.column_names
         convs = [snapshot_converter(c.source_type) for c in schema.columns]
         select = f"SELECT {', '.join(_select_expr(c) for c in schema.columns)} FROM {quote_ident(table.schema)}." \
@@ -336,7 +316,7 @@ class Snapshotter:
                 break
             after = tuple(last[i] for i in key_idx)
         prog.done = True
-        yield [Mark("snapshot_table_done", at, {"table": str(table)})]
+        yield [Mark(MarkKind.SNAPSHOT_TABLE_DONE, at, {"table": str(table)})]
 
     @property
     def _where(self) -> str:

@@ -1,19 +1,12 @@
 """MySqlSource: the Source for ``source.kind`` "mariadb" and "mysql".
 
 connect() validates the resume point (the binlog it needs is still on the
-server) and plans the run: a fresh snapshot, the rest of an interrupted one,
-or streaming from the checkpoint. stream() yields the snapshot (if due) and
-then the binlog from the watermark or the checkpoint's transaction.
-
-Durable state (what ``fold`` returns):
-``{"snapshot": {"watermark": pos, "tables": {"db.t": {"last_key": [...],
-"done": bool}}, "done": bool}, "schemas": SchemaHistory JSON,
-"server": {"server_id": int, "uuid": str, "epoch": int}, "inside_tx": true}``
-(``inside_tx``: present when the checkpoint's position is inside a transaction).
-
-``server`` is the identity of the server the positions belong to and their
-epoch (``identity.py``): a failover to another server with the checkpoint's
-GTIDs continues in the next epoch; a server whose binlog went back is refused.
+server, the server's identity and position epoch) and plans the run: a fresh
+snapshot, the rest of an interrupted one, or streaming from the checkpoint.
+The capture coordinator (``cdcd/capture/coordinator.py``) runs the plan with
+this source's snapshot and binlog readers (``stream.py``). The durable source
+state and ``fold`` live in ``state.py``; connection parameters and TLS in
+``connection.py``.
 """
 
 from __future__ import annotations
@@ -21,134 +14,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC
 from typing import Any
 
 import aiomysql
 import structlog
 
+from cdcd.capture.contracts import CapturePlan, Replan
+from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.config import Config
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock, TableId, snapshot_truncates
-from cdcd.positions import MySqlPosition, Position, position_from_json
-from cdcd.retry import Backoff, source_backoff
+from cdcd.events import Item, Mark, MarkKind, TableId
+from cdcd.positions import MySqlPosition, Position
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
-from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
-from cdcd.sources.mysql.decode import Decoder
+from cdcd.sources.mysql.binlog import Channel, StartPoint
+from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
+from cdcd.sources.mysql.plan import LOST_FIX, Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
-from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
-from cdcd.sources.mysql.snapshot import (
-    SnapshotTask,
-    Snapshotter,
-    Watermark,
-    load_table_schema,
-    open_connection,
-    parse_binlog_status,
-)
+from cdcd.sources.mysql.schema import SchemaHistory
+from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status
+from cdcd.sources.mysql.state import MySqlState, fold_state
+from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
 from cdcd.sources.mysql.tls import Tls, TlsError
-from cdcd.sources.mysql.types import key_from_json, key_to_json
+from cdcd.sources.mysql.types import key_from_json
 
 log = structlog.get_logger("cdcd.source.mysql")
 
 HISTORY_CHECK_S = 5.0  # while streaming, how often the server's binlog is checked against the last position
 
-QUEUE_ITEMS = 20000  # decoded items buffered ahead of the runtime; the binlog reader waits beyond
-
-LOST_FIX = (
-    "The changes since are lost to cdcd and the mirror cannot be brought up to date from this binlog. Re-snapshot: "
-    "stop cdcd (`cdcd stop -c CONFIG`), move the state directory (state.path) and the landing zone (landing.path) "
-    "aside, start again with snapshot.mode = \"initial\" and let `cdcd spark run` write to a fresh --target; or set "
-    "snapshot.mode = \"when_needed\" to re-snapshot automatically (see docs/operations.md, Faults)."
-)
-
-RESNAPSHOT_FIX = (
-    "Re-snapshot: stop cdcd, remove the state directory (state.path) and the landing zone and start again with "
-    "snapshot.mode = \"initial\", or set snapshot.mode = \"when_needed\" to re-snapshot automatically; keep "
-    "binlogs longer (expire_logs_days / binlog_expire_logs_seconds) so this does not recur."
-)
-
-
-# ------------------------------------------------------------------ pure state
-
-def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
-    """The source state once ``items`` are committed. Pure; ``state`` is not modified."""
-    new = dict(state)
-    snap: dict[str, Any] | None = new.get("snapshot")
-    tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in ((snap or {}).get("tables") or {}).items()}
-    if snap is not None:
-        snap = dict(snap)
-    last: dict[str, ChangeEvent | RowBlock] = {}
-    history: SchemaHistory | None = None
-    for item in items:
-        if type(item) is ChangeEvent:
-            if item.snapshot and item.op is not Op.TRUNCATE:  # a snapshot's opening truncate is no progress
-                last[str(item.table)] = item
-            continue
-        if type(item) is RowBlock:
-            # the batcher may have sliced the block: this slice's own last row is what is committed
-            if item.snapshot and item.rows:
-                last[str(item.table)] = item
-            continue
-        assert isinstance(item, Mark)
-        kind = item.kind
-        if kind == "snapshot_start":
-            snap = {"watermark": item.position.to_json(), "done": False}
-            tables = {t: {"last_key": None, "done": False} for t in item.detail["tables"]}
-            last = {}
-        elif kind == "snapshot_table_done":
-            _flush_keys(tables, last)
-            tables.setdefault(item.detail["table"], {"last_key": None})["done"] = True
-        elif kind == "snapshot_done" and snap is not None:
-            snap["done"] = True
-        elif kind in ("schema", "snapshot_table_start"):
-            if history is None:
-                history = SchemaHistory.from_json(new.get("schemas") or {})
-            table = TableId.parse(item.detail["table"])
-            assert isinstance(item.position, MySqlPosition)
-            history.add_entry(item.position, schema_from_json(table, item.detail["schema"]))
-        elif kind == "stream_start":
-            new["stream_start"] = item.position.to_json()
-        elif kind == "server":
-            new["server"] = dict(item.detail)
-    _flush_keys(tables, last)
-    if items:
-        # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
-        # a partly delivered transaction, whose delivered items must then be skipped
-        tail = items[-1]
-        if (type(tail) is ChangeEvent and not tail.snapshot) or (type(tail) is Mark and tail.kind in ("schema", "ddl")):
-            new["inside_tx"] = True
-        else:
-            new.pop("inside_tx", None)
-    if snap is not None:
-        snap["tables"] = tables
-        new["snapshot"] = snap
-    if history is not None:
-        new["schemas"] = history.to_json()
-    return new
-
-
-def _flush_keys(tables: dict[str, dict[str, Any]], last: dict[str, ChangeEvent | RowBlock]) -> None:
-    for name, ev in last.items():
-        entry = tables.setdefault(name, {"last_key": None, "done": False})
-        key = ev.key if isinstance(ev, ChangeEvent) else ev.last_key
-        texts = ev.last_key_text() if isinstance(ev, RowBlock) else None
-        if key is not None and texts:  # the server's text where the landed value is NULL (zero dates)
-            key = tuple(v if t is None else t for v, t in zip(key, texts, strict=True))
-        entry["last_key"] = key_to_json(key) if ev.schema.key and key is not None else None
-    last.clear()
-
-
 # ------------------------------------------------------------------ the source
-
-class Replan(SourceError):
-    """The stream's position is lost and snapshot.mode = when_needed: the runtime reconnects, which re-plans."""
-
 
 @dataclass
 class _Plan:
@@ -170,54 +68,31 @@ class MySqlSource(Source):
         assert src.mysql.server_id is not None
         self.server_id: int = src.mysql.server_id
         self.tables = set(src.table_ids)
-        self.settings: dict[str, Any] = {
-            "host": src.host, "port": src.effective_port, "user": src.user, "password": src.secret() or "",
-            "charset": "utf8mb4", "connect_timeout": int(src.connect_timeout_s),
-        }
-        self._tls: Tls | None = None  # built on first use: a bad sslrootcert is a connect error
+        self.conn = connect_params(config)  # address, credentials, TLS: shared with `cdcd check` and verify
         self.flavor = "mariadb" if src.kind == "mariadb" else "mysql"
         self.version = ""
         self.gtid_mode = False
         self.history = SchemaHistory()
-        self._plan = _Plan()
         self._ctl: aiomysql.Connection | None = None
-        self._snapshotter: Snapshotter | None = None
-        self._reader: BinlogReader | None = None
-        self._channel: Channel | None = None
-        self._phase = "idle"
-        self._connected = False
-        self._last_emitted: MySqlPosition | None = None
-        self._lag_ms: float | None = None
-        self._closing = False
-        self._reconnects = 0  # binlog reconnects inside stream(), for /status
-        self._last_error: str | None = None
+        self._coord = CaptureCoordinator(config, log)
+        self._stream = MySqlStream(self, self._coord, None)
+        self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
         self._epoch = 0  # the position epoch of the server streamed from (cdcd.positions.MySqlPosition)
         self._server: dict[str, Any] | None = None  # its identity, as recorded in the checkpoint
         self._server_due: dict[str, Any] | None = None  # an identity the checkpoint does not have yet
         self._last_was_commit = True  # the last emitted item was a commit Mark (not inside a transaction)
-        self._resend_skip: tuple[str, int] | None = None  # (GTID set, seq): resent items of a partial transaction
         self._resume_pos: MySqlPosition | None = None  # where the binlog stream (re)started from
 
     # ------------------------------------------------------------ connect
     @property
     def tls(self) -> Tls:
         """The TLS policy of every connection (source.sslmode, source.sslrootcert)."""
-        if self._tls is None:
-            src = self.config.source
-            self._tls = Tls.build(src.sslmode, src.sslrootcert, self.settings["host"], self.settings["port"])
-        return self._tls
-
-    def _binlog_settings(self) -> dict[str, Any]:
-        s = self.settings
-        # The read timeout is the stall detector: the server sends a heartbeat every HEARTBEAT_S when idle.
-        return {"host": s["host"], "port": s["port"], "user": s["user"], "password": s["password"],
-                "charset": "utf8mb4", "connect_timeout": s["connect_timeout"], "read_timeout": STALL_S,
-                "write_timeout": STALL_S}
+        return self.conn.tls
 
     async def _control(self) -> aiomysql.Connection:
         if self._ctl is None or self._ctl.closed:
             try:
-                self._ctl = await open_connection(self.settings, self.tls)
+                self._ctl = await self.conn.open()
             except TlsError:
                 raise
             except SourceError as exc:
@@ -243,7 +118,7 @@ class MySqlSource(Source):
 
     @property
     def _where(self) -> str:
-        return f"{self.flavor} {self.settings['user']}@{self.settings['host']}:{self.settings['port']}"
+        return f"{self.flavor} {self.conn.user}@{self.conn.where}"
 
     async def _variables(self) -> dict[str, str]:
         rows = await self._query(
@@ -261,7 +136,7 @@ class MySqlSource(Source):
             logs = await self._query("SHOW BINARY LOGS")
         except (aiomysql.Error, OSError) as exc:
             await self._drop_control()
-            raise SourceError(f"{self.settings['host']}:{self.settings['port']}: reading the server's identity "
+            raise SourceError(f"{self.conn.where}: reading the server's identity "
                               f"failed: {exc!r}; reconnecting") from exc
         flavor = "mariadb" if "mariadb" in v.get("version", "").lower() else "mysql"
         return BinlogFacts(
@@ -277,13 +152,20 @@ class MySqlSource(Source):
             self._ctl = None
 
     async def connect(self, resume: ResumePoint) -> None:
-        self._closing = False
         try:
-            await self._connect(resume)
+            plan = await self._connect(resume)
         except Exception as exc:
             raise query_error(exc, f"connecting to {self._where}") from exc
+        snapshot = None
+        if plan.snapshot_tasks is not None:
+            snapshot = MySqlSnapshot(self, plan.snapshot_tasks, plan.watermark, plan.fresh_snapshot)
+            self._snapshot = snapshot
+        self._stream.start = plan.start
+        self._coord.start(CapturePlan(announce=plan.announce, snapshot=snapshot,
+                                      stream=self._stream if plan.stream else None))
+        self._coord.connected = True
 
-    async def _connect(self, resume: ResumePoint) -> None:
+    async def _connect(self, resume: ResumePoint) -> _Plan:
         v = await self._variables()
         self.version = v.get("version", "")
         self.flavor = "mariadb" if "mariadb" in self.version.lower() else "mysql"
@@ -300,8 +182,7 @@ class MySqlSource(Source):
             raise SourceFatal(f"source.mysql.server_id {self.server_id} is the server's own server_id: choose a "
                               "number unique among its replicas")
         self.history = SchemaHistory.from_json(resume.state.get("schemas") or {})
-        self._plan = await self._make_plan(resume, v)
-        self._connected = True
+        return await self._make_plan(resume, v)
 
     def _gtid_usable(self, gtid: str) -> bool:
         return bool(gtid) and (self.flavor == "mariadb" or self.gtid_mode)
@@ -317,59 +198,66 @@ class MySqlSource(Source):
         return dataclasses.replace(pos, epoch=self._epoch)
 
     async def _make_plan(self, resume: ResumePoint, v: dict[str, str]) -> _Plan:
+        """Gather the facts, let ``plan.py`` decide (pure), carry the decision out."""
         mode = self.config.snapshot.mode
-        state = resume.state
-        snap = state.get("snapshot")
+        state = MySqlState.parse(resume.state)
         facts = await self._server_facts(v)
-        recorded: dict[str, Any] | None = self._server or state.get("server")
+        recorded: dict[str, Any] | None = self._server or state.server
         ckpt_epoch = resume.position.epoch if isinstance(resume.position, MySqlPosition) else 0
         self._epoch = max(self._epoch, int((recorded or {}).get("epoch", 0)), ckpt_epoch)
         self._server_due = None
-        if resume.position is None and not snap:
+        step = first_step(state, resume.position, mode)
+        if step is Step.STREAM_FROM_NOW:
             self._adopt(facts, None)
-            if mode == "never":
-                wm = self._stamp((await self._current_position()).position())
-                start = self._start_at(wm)
-                return _Plan(start=start, announce=[Mark("stream_start", wm, {}), *self._server_marks(wm)])
+            wm = self._stamp((await self._current_position()).position())
+            return _Plan(start=self._start_at(wm), announce=[Mark(MarkKind.STREAM_START, wm, {}),
+                                                             *self._server_marks(wm)])
+        if step is Step.FRESH_SNAPSHOT:
+            self._adopt(facts, None)
             return self._fresh_snapshot_plan(mode)
-        if snap and not snap.get("done"):
-            wm_pos = position_from_json(snap["watermark"])
-            assert isinstance(wm_pos, MySqlPosition)
-            verdict = self._judge(facts, recorded, wm_pos, "the interrupted snapshot's watermark")
-            if verdict is None:
-                return self._purged(wm_pos, facts, mode, "the interrupted snapshot's watermark")
-            if isinstance(verdict, str):
-                return self._lost(verdict, mode, facts)
+        if step is Step.RESUME_SNAPSHOT:
+            assert state.snapshot is not None
+            wm_pos = state.snapshot.watermark
+            what = "the interrupted snapshot's watermark"
+            verdict = self._judged(facts, recorded, wm_pos, what, mode)
+            if verdict is Step.RESNAPSHOT:
+                return self._resnapshot_plan(mode, facts)
+            assert isinstance(verdict, Verdict)
             self._adopt(facts, verdict)
-            tasks = [SnapshotTask(TableId.parse(t), key_from_json(e["last_key"]) if e.get("last_key") else None)
-                     for t, e in sorted((snap.get("tables") or {}).items()) if not e.get("done")]
+            tasks = [SnapshotTask(TableId.parse(t), key_from_json(e.last_key) if e.last_key else None)
+                     for t, e in sorted(state.snapshot.tables.items()) if not e.done]
             return _Plan(snapshot_tasks=tasks, watermark=wm_pos, stream=mode != "initial_only",
                          announce=self._server_marks(self._mark_at(wm_pos)))
-        if mode == "initial_only" and snap and snap.get("done"):
+        if step is Step.DONE:
             return _Plan(stream=False)
-        pos = resume.position
-        if pos is None:
-            pos = position_from_json(snap["watermark"] if snap else state["stream_start"])
-        if not isinstance(pos, MySqlPosition):
-            raise SourceFatal(f"the checkpoint position {pos} is not a MySQL binlog position: this state directory "
-                              "belongs to another kind of source; point state.path at a fresh directory")
-        if self._last_emitted is not None and self._last_emitted > pos:
+        pos = resume_position(state, resume.position)
+        last = self._coord.last
+        if isinstance(last, MySqlPosition) and last > pos:
             # a reconnect of this process: the runtime holds everything emitted so far, resume after it
-            pos = self._last_emitted
+            pos = last
+            self._last_was_commit = self._last_is_commit()
         else:
-            self._last_was_commit = not state.get("inside_tx", False)
-        what = "the checkpoint"
-        verdict = self._judge(facts, recorded, pos, what)
-        if verdict is None:
-            return self._purged(pos, facts, mode, what)
-        if isinstance(verdict, str):
-            return self._lost(verdict, mode, facts)
+            self._last_was_commit = not state.inside_tx
+        verdict = self._judged(facts, recorded, pos, "the checkpoint", mode)
+        if verdict is Step.RESNAPSHOT:
+            return self._resnapshot_plan(mode, facts)
+        assert isinstance(verdict, Verdict)
         if self.flavor == "mysql" and self.gtid_mode and pos.gtid:
             check_not_purged("mysql", pos.gtid, v.get("gtid_purged", ""))
         self._adopt(facts, verdict)
         self._arm_resend_skip(pos)
         self._resume_pos = pos
         return _Plan(start=self._start_at(pos), announce=self._server_marks(self._mark_at(pos)))
+
+    def _judged(self, facts: BinlogFacts, recorded: dict[str, Any] | None, pos: MySqlPosition, what: str,
+                mode: str) -> Verdict | Step:
+        """``judge`` and ``after_verdict``: a verdict to go on with, or ``Step.RESNAPSHOT`` (fatal otherwise)."""
+        verdict = self._judge(facts, recorded, pos, what)
+        decided = after_verdict(verdict, mode, pos, facts, what)
+        if decided is Step.RESNAPSHOT and isinstance(verdict, str):
+            log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
+                        problem=verdict)
+        return decided
 
     def _judge(self, facts: BinlogFacts, recorded: dict[str, Any] | None, pos: MySqlPosition,
                what: str) -> Verdict | str | None:
@@ -397,7 +285,7 @@ class MySqlSource(Source):
         if self._server_due is None:
             return []
         identity, self._server_due = self._server_due, None
-        return [Mark("server", at, identity)]
+        return [Mark(MarkKind.IDENTITY, at, identity)]
 
     def _mark_at(self, pos: MySqlPosition) -> MySqlPosition:
         """Where the server Mark sits: ``pos`` itself, or the start of the new epoch after a switch."""
@@ -409,14 +297,12 @@ class MySqlSource(Source):
         """Resuming by GTID on another server re-sends the transaction ``pos`` is inside of: skip its items up to
         ``pos`` (they carry the GTID set before it and the same seq numbers, which the binlog alone defines)."""
         partial = pos.epoch < self._epoch and pos.file and not self._last_was_commit and pos.seq > 0
-        self._resend_skip = (pos.gtid, pos.seq) if partial else None
+        self._stream.resend_skip = (pos.gtid, pos.seq) if partial else None
 
-    def _lost(self, problem: str, mode: str, facts: BinlogFacts) -> _Plan:
-        if mode == "when_needed":
-            log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
-                        problem=problem)
-            return self._resnapshot_plan(mode, facts)
-        raise SourceFatal(f"{problem}. {LOST_FIX}")
+    def _last_is_commit(self) -> bool:
+        """Whether the last item delivered in this process was a commit Mark (outside a transaction)."""
+        item = self._coord.last_item
+        return type(item) is Mark and item.kind == MarkKind.COMMIT
 
     def _resnapshot_plan(self, mode: str, facts: BinlogFacts) -> _Plan:
         """A new snapshot replacing a lost position: a new epoch on this server, so its rows and the changes after
@@ -430,23 +316,14 @@ class MySqlSource(Source):
         tasks = [SnapshotTask(t) for t in sorted(self.tables)]
         return _Plan(snapshot_tasks=tasks, fresh_snapshot=True, stream=mode != "initial_only")
 
-    def _purged(self, pos: MySqlPosition, facts: BinlogFacts, mode: str, what: str) -> _Plan:
-        if mode == "when_needed":
-            return self._resnapshot_plan(mode, facts)
-        files = facts.files
-        oldest = files[0] if files else "(none)"
-        raise SourceFatal(
-            f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
-            f"the server (purged; the oldest binlog is {oldest}): the changes since then are lost to cdcd. "
-            + RESNAPSHOT_FIX
-        )
-
     async def _reconnect_point(self, fallback: StartPoint) -> tuple[StartPoint, list[Item]]:
         """Before a reconnect of the binlog stream: check that the server (maybe another one after a failover)
         still has the last delivered position; where to start and the Marks to emit first."""
-        pos = self._last_emitted or self._resume_pos
+        pos = self._last_position()
         if pos is None:
             return fallback, []
+        if self._coord.last_item is not None:
+            self._last_was_commit = self._last_is_commit()
         facts = await self._server_facts()
         verdict = self._judge(facts, self._server, pos, "the last delivered transaction")
         if verdict is None or isinstance(verdict, str):
@@ -455,6 +332,11 @@ class MySqlSource(Source):
         self._adopt(facts, verdict)
         self._arm_resend_skip(pos)
         return self._start_at(pos), self._server_marks(self._mark_at(pos))
+
+    def _last_position(self) -> MySqlPosition | None:
+        """The last delivered position, else where the binlog stream started."""
+        last = self._coord.last
+        return last if isinstance(last, MySqlPosition) else self._resume_pos
 
     def _lost_error(self, problem: str) -> SourceError:
         if self.config.snapshot.mode == "when_needed":
@@ -467,7 +349,7 @@ class MySqlSource(Source):
         new file 1 it never reads): without this, nothing would land and nothing would be logged."""
         while True:
             await asyncio.sleep(HISTORY_CHECK_S)
-            pos = self._last_emitted or self._resume_pos
+            pos = self._last_position()
             if pos is None:
                 continue
             try:
@@ -475,7 +357,7 @@ class MySqlSource(Source):
             except SourceError:
                 continue  # the control connection is down: the stream notices the outage itself
             if not same_server(self._server, facts):
-                channel.finish(SourceError(f"the server behind {self.settings['host']}:{self.settings['port']} is now "
+                channel.finish(SourceError(f"the server behind {self.conn.where} is now "
                                            f"{facts.describe()}; reconnecting to follow it"))
                 return
             try:
@@ -499,148 +381,9 @@ class MySqlSource(Source):
             wm.gtid = str(rows[0][0] or "")
         return wm
 
-    # ------------------------------------------------------------ stream
-    async def stream(self) -> AsyncIterator[Item]:
-        plan = self._plan
-        for item in plan.announce:
-            yield item
-        start = plan.start
-        if plan.snapshot_tasks is not None:
-            wm_pos: MySqlPosition | None = None
-            async for item in self._snapshot(plan):
-                wm_pos = item.position  # type: ignore[assignment]
-                yield item
-            assert wm_pos is not None
-            start = self._start_at(wm_pos)
-            self._resume_pos = wm_pos
-        if not plan.stream or start is None:
-            return
-        async for item in self._stream_binlog(start):
-            yield item
-
-    async def _snapshot(self, plan: _Plan) -> AsyncIterator[Item]:
-        self._phase = "snapshot"
-        snap = Snapshotter(self.settings, self.flavor, self.config.snapshot.parallelism,
-                           self.config.snapshot.chunk_rows, self.history, tls=self.tls,
-                           read_timeout_s=self.config.runtime.source_read_timeout_s,
-                           chunk_bytes=self.config.snapshot.chunk_bytes)
-        self._snapshotter = snap
-        try:
-            wm = await snap.open()
-            at = plan.watermark if plan.watermark is not None else self._stamp(wm.position())
-            assert plan.snapshot_tasks is not None
-            if plan.fresh_snapshot:
-                yield Mark("snapshot_start", at, {"tables": [str(t.table) for t in plan.snapshot_tasks]})
-                for mark in self._server_marks(at):
-                    yield mark
-                # a new snapshot supersedes whatever an abandoned earlier one landed (docs/landing-format.md)
-                conn = await self._control()
-                schemas = [(await load_table_schema(conn, t.table))[0] for t in plan.snapshot_tasks]
-                for truncate in snapshot_truncates(schemas, at):
-                    yield truncate
-            async for chunk in snap.run(plan.snapshot_tasks, at):
-                for item in chunk:
-                    yield item
-        finally:
-            await snap.close()
-        yield Mark("snapshot_done", at, {})
-
-    async def _stream_binlog(self, start: StartPoint) -> AsyncIterator[Item]:
-        self._phase = "streaming"
-        retry = source_backoff(self.config, f"the binlog connection to {self._where}")
-        loop = asyncio.get_running_loop()
-        dbs = sorted({t.schema for t in self.tables})
-        names = sorted({t.name for t in self.tables})
-        reconnecting = False
-        while not self._closing:
-            if reconnecting:
-                try:  # the server may be another one now (a failover), or its binlog may have gone back
-                    start, marks = await self._reconnect_point(start)
-                except SourceError as exc:
-                    if exc.fatal or self._closing or isinstance(exc, Replan):
-                        raise
-                    await self._wait_to_reconnect(retry, exc)
-                    continue
-                for mark in marks:
-                    yield mark
-            channel = Channel(loop, QUEUE_ITEMS)
-            decoder = Decoder(self.flavor, self.tables, self.history, start.file, start.gtid, self._epoch)
-            reader = BinlogReader(self._binlog_settings(), self.server_id, self.flavor, start, decoder, dbs, names,
-                                  channel, tls=self.tls)
-            self._reader, self._channel = reader, channel
-            reader.start()
-            self._connected = True
-            watch = asyncio.create_task(self._watch_history(channel), name="mysql-history-watch")
-            try:
-                while True:
-                    chunk = await channel.get_many()
-                    if not chunk:
-                        return  # stopped
-                    last = self._last_emitted
-                    for item in chunk:
-                        pos = item.position
-                        assert isinstance(pos, MySqlPosition)
-                        if last is not None and pos <= last:
-                            continue  # already delivered before a reconnect
-                        skip = self._resend_skip
-                        if skip is not None:
-                            if pos.gtid == skip[0] and pos.seq <= skip[1]:
-                                continue  # resent by the new server: delivered before the failover
-                            self._resend_skip = None
-                        last = pos
-                        self._last_emitted = pos
-                        self._last_was_commit = type(item) is Mark and item.kind == "commit"
-                        if type(item) is ChangeEvent and item.commit_ts is not None:
-                            self._lag_ms = max(0.0, (time.time() - item.commit_ts.timestamp()) * 1000)
-                        yield item
-                    if retry.attempts:
-                        retry.success()
-            except SourceError as exc:
-                if exc.fatal or self._closing:
-                    raise
-                self._connected = False
-                await self._wait_to_reconnect(retry, exc)
-                reconnecting = True
-            finally:
-                watch.cancel()
-                await asyncio.gather(watch, return_exceptions=True)  # it shares the control connection
-                reader.stop()
-                await loop.run_in_executor(None, reader.join, 5.0)
-                await self._kill_dump(reader)
-
-    async def _wait_to_reconnect(self, retry: Backoff, exc: SourceError) -> None:
-        delay = retry.failure(exc)  # SourceFatal once runtime.source_retry_timeout_s is spent
-        self._reconnects += 1
-        self._last_error = str(exc)
-        log.warning("binlog connection lost; reconnecting", error=str(exc), retry_in_s=round(delay, 2),
-                    attempt=retry.attempts, failing_for_s=round(retry.failed_for_s(), 1))
-        await asyncio.sleep(delay)
-
-    async def _kill_dump(self, reader: BinlogReader) -> None:
-        """End our dump thread on the server now: it would linger until its next write and pin the binlog
-        file it reads (PURGE BINARY LOGS skips files in use)."""
-        ids = [int(t) for t in reader.thread_ids]
-        reader.thread_ids.clear()
-        if not ids or self._ctl is None or self._ctl.closed:
-            # no live control connection: never open one for this, it could reach another server (a failover)
-            # whose connection ids mean other sessions
-            return
-        limit = float(self.settings["connect_timeout"])  # short: a dead control connection must not hold us
-        with contextlib.suppress(Exception):
-            for tid in ids:
-                if self._ctl is None:  # a failed query dropped it: do not open another (see above)
-                    return
-                with contextlib.suppress(SourceError):
-                    await self._query(f"KILL CONNECTION {tid}", timeout=limit)
-            listed = ", ".join(map(str, ids))
-            for _ in range(50):  # KILL only flags the thread; wait until it is gone
-                if self._ctl is None:
-                    return
-                rows = await self._query(f"SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID IN ({listed})",
-                                         timeout=limit)
-                if not rows[0][0]:
-                    break
-                await asyncio.sleep(0.05)
+    # ------------------------------------------------------------ stream: the coordinator runs the plan
+    def stream(self) -> AsyncIterator[Item]:
+        return self._coord.items()
 
     # ------------------------------------------------------------ commit
     def fold(self, state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
@@ -670,59 +413,43 @@ class MySqlSource(Source):
                 "TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION", (t.schema, t.name))
             tables[str(t)] = (bool(exists), tuple(str(r[0]) for r in key))
         facts = ServerFacts(v.get("version", ""), v, grants, tables, self.server_id)
-        return [CheckResult("connect", True, f"{self.settings['user']}@{self.settings['host']}:"
-                                             f"{self.settings['port']}"),
+        return [CheckResult("connect", True, f"{self.conn.user}@{self.conn.where}"),
                 tls_check(self.tls, tls_status.get("ssl_version", ""), tls_status.get("ssl_cipher", "")),
                 *evaluate(facts)]
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"connected": self._connected, "phase": self._phase, "flavor": self.flavor,
-                               "reconnects": self._reconnects, "last_error": self._last_error,
+        coord = self._coord
+        out: dict[str, Any] = {"connected": coord.connected, "phase": coord.phase, "flavor": self.flavor,
+                               "reconnects": coord.reconnects, "last_error": coord.last_error,
                                "position_epoch": self._epoch}
         if self._server is not None:
             out["server_id"] = self._server["server_id"]
-        snap = self._snapshotter
+        snap = self._snapshot.snapshotter if self._snapshot is not None else None
         if snap is not None and snap.progress:
             out["snapshot"] = {t: {"rows": p.rows, "total_estimate": p.total_estimate, "done": p.done}
                                for t, p in snap.progress.items()}
-        reader = self._reader
-        if reader is not None:
-            d = reader.decoder
-            out["binlog_file"] = d.file
-            out["binlog_pos"] = d.tx_start
-            out["gtid"] = str(d.gtid)
-            idle = self._channel is not None and len(self._channel) == 0
-            out["lag_ms"] = 0.0 if idle and d.tx_start is None else self._lag_ms
-            if d.last_ts is not None:
-                out["last_event_ts"] = d.last_ts.astimezone(UTC).isoformat()
+        out.update(self._stream.status())
         return out
 
-    def _stop_reader(self) -> BinlogReader | None:
-        self._closing = True
-        reader = self._reader
-        if reader is not None:
-            reader.stop()
-        return reader
-
     async def close(self) -> None:
-        reader = self._stop_reader()
+        self._coord.close()
+        reader = self._stream.stop()
         if reader is not None:
             await asyncio.get_running_loop().run_in_executor(None, reader.join, 5.0)
-            await self._kill_dump(reader)
-        if self._snapshotter is not None:
-            await self._snapshotter.close()
+            await self._stream.kill_dump(reader)
+        if self._snapshot is not None:
+            await self._snapshot.close()
         if self._ctl is not None:
             with contextlib.suppress(Exception):
                 await self._ctl.ensure_closed()
             self._ctl = None
-        self._connected = False
 
     def terminate(self) -> None:
-        self._stop_reader()
-        if self._snapshotter is not None:
-            self._snapshotter.terminate()
+        self._coord.close()
+        self._stream.stop()
+        if self._snapshot is not None:
+            self._snapshot.terminate()
         if self._ctl is not None:
             with contextlib.suppress(Exception):
                 self._ctl.close()
             self._ctl = None
-        self._connected = False

@@ -1,4 +1,7 @@
-"""Catalog work over asyncpg: publication and slot management, table and type metadata."""
+"""Catalog work over asyncpg: publication and slot management, table and type metadata.
+
+``connect_sql`` lives in ``connection.py`` and is re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +11,11 @@ from typing import Any
 
 import asyncpg
 
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import SourceFatal
 from cdcd.events import TableId
 from cdcd.positions import format_lsn, parse_lsn
-from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
-from cdcd.sources.postgres.replication import ConnectParams, ssl_context
-from cdcd.sources.postgres.types import SESSION_SETTINGS, PgType, TypeRegistry
+from cdcd.sources.postgres.connection import connect_sql as connect_sql
+from cdcd.sources.postgres.types import PgType, TypeRegistry
 
 HEARTBEAT_PREFIX = "cdcd_heartbeat"
 
@@ -28,32 +30,6 @@ def quote_table(t: TableId) -> str:
 
 def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-async def connect_sql(params: ConnectParams) -> Any:
-    """An asyncpg connection with the session settings the type converters expect."""
-    ctx = ssl_context(params.sslmode, params.sslrootcert)
-    ssl_arg: Any = params.sslmode if ctx is None or params.sslmode in ("prefer", "require") else ctx
-    if params.sslmode == "require" and params.sslrootcert is not None:
-        ssl_arg = ctx
-    settings = {k: v for k, v in SESSION_SETTINGS.items() if k != "client_encoding"}
-    settings["application_name"] = params.application_name
-    settings.update(PG_SERVER_KEEPALIVES)
-    try:
-        # command_timeout bounds every query and every snapshot chunk (runtime.source_read_timeout_s).
-        conn = await asyncpg.connect(
-            host=params.host, port=params.port, user=params.user, password=params.password,
-            database=params.database, ssl=ssl_arg, timeout=params.connect_timeout_s, server_settings=settings,
-            command_timeout=params.read_timeout_s,
-        )
-        keepalive_transport(getattr(conn, "_transport", None))
-        return conn
-    except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
-        raise SourceFatal(f"{params.where}: authentication failed ({exc}); check source.user and the password") from exc
-    except asyncpg.InvalidCatalogNameError as exc:
-        raise SourceFatal(f"{params.where}: {exc}; check source.database") from exc
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise SourceError(f"{params.where}: cannot connect: {exc}; check that the server runs and listens") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,13 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
 from cdcd.sources.postgres import protocol as p
+from cdcd.sources.postgres.connection import ConnectParams as ConnectParams
+from cdcd.sources.postgres.connection import ssl_context
 from cdcd.sources.postgres.types import SESSION_SETTINGS
 
 # Authentication request codes.
@@ -58,38 +59,6 @@ class PgServerFatal(PgServerError, SourceFatal):
 def server_error(fields: dict[str, str], context: str) -> PgServerError:
     err = PgServerError(fields, context)
     return PgServerFatal(fields, context) if err.fatal else err
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectParams:
-    host: str
-    port: int
-    user: str
-    database: str
-    password: str | None = None
-    sslmode: str = "prefer"
-    sslrootcert: Path | None = None
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 300.0  # a command's answer (runtime.source_read_timeout_s)
-    application_name: str = "cdcd"
-
-    @property
-    def where(self) -> str:
-        return f"postgres://{self.user}@{self.host}:{self.port}/{self.database}"
-
-
-def ssl_context(sslmode: str, rootcert: Path | None) -> ssl.SSLContext | None:
-    """The TLS context for ``sslmode`` with libpq's meaning; None for disable."""
-    if sslmode == "disable":
-        return None
-    if sslmode in ("verify-ca", "verify-full") or (sslmode == "require" and rootcert is not None):
-        ctx = ssl.create_default_context(cafile=str(rootcert) if rootcert else None)
-        ctx.check_hostname = sslmode == "verify-full"
-        return ctx
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
 
 
 _UNITS_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}

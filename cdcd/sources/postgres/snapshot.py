@@ -29,8 +29,8 @@ import asyncpg
 import pyarrow as pa
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock
-from cdcd.positions import PgPosition, parse_lsn
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableSchema
+from cdcd.positions import PgPosition, Position, parse_lsn
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
@@ -171,7 +171,7 @@ class SnapshotReader:
                 else:
                     await self._whole(conn, table, out, watermark)
                 table.done = True
-                await out.put([Mark("snapshot_table_done", watermark, {"table": str(table.info.table)})])
+                await out.put([Mark(MarkKind.SNAPSHOT_TABLE_DONE, watermark, {"table": str(table.info.table)})])
             await out.put(_DONE)
         except asyncio.CancelledError:
             raise
@@ -309,3 +309,37 @@ class SnapshotReader:
         for conn in conns:
             with contextlib.suppress(Exception):
                 conn.terminate()
+
+
+class PgSnapshot:
+    """The snapshot as the capture coordinator runs it (``cdcd.capture.contracts.SnapshotReader``).
+
+    Its transactions are opened while planning (``PostgresSource.connect``): an exported snapshot must be
+    imported before the replication connection that exported it runs another command.
+    """
+
+    def __init__(self, reader: SnapshotReader, tables: list[SnapshotTable], watermark: PgPosition,
+                 fresh: bool) -> None:
+        self._reader = reader
+        self.tables = tables
+        self._watermark = watermark
+        self.fresh = fresh
+
+    async def open(self) -> PgPosition:
+        return self._watermark
+
+    def opening(self, watermark: Position) -> list[Item]:
+        return []  # the start Mark (slot, watermark) is part of the plan's announce
+
+    async def schemas(self) -> list[TableSchema]:
+        return [t.shape.schema for t in self.tables]
+
+    def rows(self, watermark: Position) -> AsyncIterator[Item]:
+        assert isinstance(watermark, PgPosition)
+        return self._reader.rows(self.tables, watermark)
+
+    async def close(self) -> None:
+        await self._reader.close()
+
+    def terminate(self) -> None:
+        self._reader.terminate()

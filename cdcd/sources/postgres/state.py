@@ -15,12 +15,47 @@ the runtime confirmed durable: never beyond the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from cdcd.events import ChangeEvent, Item, Op, RowBlock, event_count
+from cdcd.events import ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
+
+
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    """One table's snapshot progress: resume after ``last_key`` (the server's text of each key column)."""
+
+    last_key: list[str] | None = None
+    rows: int = 0
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PgState:
+    """The checkpoint's PostgreSQL state, typed, as the planner reads it (``fold_state`` writes the JSON form)."""
+
+    empty: bool = True  # no state at all: a first start
+    slot: str | None = None  # None: initial_only (no slot)
+    watermark: int = 0
+    flush_lsn: int = 0
+    snapshot: str = "none"  # "running" | "done" | "none"
+    tables: Mapping[str, TableProgress] = field(default_factory=dict)
+    system: dict[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, doc: Mapping[str, Any]) -> PgState:
+        if not doc:
+            return cls()
+        snap = doc.get("snapshot") or {}
+        watermark = parse_lsn(doc["watermark"]) if doc.get("watermark") else 0
+        tables = {name: TableProgress(e.get("last_key"), int(e.get("rows", 0)), bool(e.get("done", False)))
+                  for name, e in (snap.get("tables") or {}).items()}
+        flush = parse_lsn(doc["flush_lsn"]) if doc.get("flush_lsn") else watermark
+        return cls(False, doc.get("slot"), watermark, flush, str(snap.get("status") or "none"), tables,
+                   doc.get("system"))
 
 
 def fresh_state(slot: str | None, watermark: int, snapshot: bool,
@@ -52,20 +87,20 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
                 counts[name] = counts.get(name, 0) + event_count(item)
             continue
         kind = item.kind
-        if kind == "commit":
+        if kind == MarkKind.COMMIT:
             _advance_flush(new, parse_lsn(item.detail["lsn"]))
-        elif kind == "heartbeat":
+        elif kind == MarkKind.HEARTBEAT:
             _advance_flush(new, item.position.lsn)  # type: ignore[union-attr]
-        elif kind == "snapshot_table_done":
+        elif kind == MarkKind.SNAPSHOT_TABLE_DONE:
             _flush_rows(tables, last, counts)
             tables.setdefault(item.detail["table"], {"last_key": None, "rows": 0})["done"] = True
-        elif kind == "snapshot_done":
+        elif kind == MarkKind.SNAPSHOT_DONE:
             snap["status"] = "done"
-        elif kind == "system":
+        elif kind == MarkKind.IDENTITY:
             new["system"] = dict(item.detail)
-        elif kind == "start":
-            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]), item.detail["snapshot"],
-                              item.detail.get("system"))
+        elif kind in (MarkKind.SNAPSHOT_START, MarkKind.STREAM_START):
+            new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]),
+                              kind == MarkKind.SNAPSHOT_START, item.detail.get("system"))
             snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables

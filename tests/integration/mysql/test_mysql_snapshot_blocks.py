@@ -18,7 +18,7 @@ from cdcd.sources.mysql.types import snapshot_converter
 
 async def _row_path(source: MySqlSource, block_schema: TableSchema) -> pa.Table:
     """The table as the old path built it: per-value converter, one dict per row, pa.array per column."""
-    conn = await open_connection(source.settings)
+    conn = await open_connection(source.conn.settings())
     try:
         names = block_schema.column_names
         async with conn.cursor() as cur:

@@ -216,7 +216,7 @@ async def test_source_streams_over_tls(mode: str, tls_server: MariaDBServer, cer
                 cur.execute("INSERT INTO t VALUES (1, 'tls')")
             events = await d.events(1)
             assert isinstance(events[0], ChangeEvent) and events[0].after == {"id": 1, "v": "tls"}
-            reader = d.source._reader
+            reader = d.source._stream.reader
             assert reader is not None
             dump_threads = len(reader.thread_ids)
             after = _counters(own)

@@ -29,10 +29,10 @@ async def test_status_updates_continue_while_the_consumer_pauses(short_timeout_s
         # Enough data to fill the socket buffers, so the server blocks on sending to us.
         server.psql("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g", "bp")
         await d.events(10)
-        repl = d.source._repl
+        repl = d.source._stream.repl
         pid = server.psql("SELECT pid FROM pg_stat_replication", "bp")
         await asyncio.sleep(4)  # backpressure: four times wal_sender_timeout without reading
         assert server.psql("SELECT pid FROM pg_stat_replication", "bp") == pid
         evs = await d.events(20000 - 10)
-        assert d.source._repl is repl  # the same connection all along: no reconnect was needed
+        assert d.source._stream.repl is repl  # the same connection all along: no reconnect was needed
     assert evs[-1].after is not None and evs[-1].after["id"] == 20000

@@ -14,7 +14,7 @@ from source_driver import opening_truncate
 
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
-from cdcd.events import ChangeEvent
+from cdcd.events import ChangeEvent, MarkKind
 
 
 async def _writer(dsn: str, stop: asyncio.Event, seed: int, size: int) -> int:
@@ -153,7 +153,7 @@ async def test_snapshot_modes(pg_server: PostgresServer, make_config: Callable[.
         sql("INSERT INTO t VALUES (3)")
         items = await d.take(lambda got: bool(changes(got)))
     assert [(e.after, e.snapshot) for e in changes(items)] == [({"id": 3}, False)]
-    assert d.state == {} and marks(items, "start")[0].detail["snapshot"] is False
+    assert d.state == {} and marks(items, MarkKind.STREAM_START) and not marks(items, MarkKind.SNAPSHOT_START)
     # when_needed on a first start behaves like initial.
     needed = make_config(["public.t"], snapshot={"mode": "when_needed"},
                          source={"postgres": {"slot": "needed_s", "publication": "needed_p"}})

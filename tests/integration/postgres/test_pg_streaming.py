@@ -14,7 +14,7 @@ from pg_helpers import Driver, apply, changes, confirmed_flush, marks, wait_for
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
 from cdcd.errors import SourceFatal
-from cdcd.events import ChangeEvent, Op
+from cdcd.events import ChangeEvent, MarkKind, Op
 from cdcd.positions import PgPosition, parse_lsn
 
 NEVER = {"mode": "never"}
@@ -209,7 +209,7 @@ async def test_a_dropped_slot_is_fatal_not_a_silent_new_slot(
                        source={"postgres": {"slot": "gone_s", "publication": "gone_p"}})
     async with Driver(cfg2, position, state) as d2:
         items = await d2.take(lambda got: bool(marks(got, "snapshot_done")))
-    assert marks(items, "start") and [e.after for e in changes(items)] == [{"id": 1}]
+    assert marks(items, MarkKind.SNAPSHOT_START) and [e.after for e in changes(items)] == [{"id": 1}]
 
 
 @pytest.mark.parametrize("user", ["cdc_pw", "cdc_md5"])

@@ -65,11 +65,11 @@ async def test_infinite_dates_land_clamped_with_one_warning_per_column(
     async with Driver(make_config(["public.t", "public.k"])) as d:
         got = changes(await d.until_mark("snapshot_done"))
         snap = {(str(e.table), e.after["id"]): e.after for e in got}  # type: ignore[index]
-        warned = set(d.source._warnings._seen)  # type: ignore[attr-defined]
-        d.source._warnings._seen.clear()  # type: ignore[attr-defined]
+        warned = set(d.source._t.warnings._seen)  # type: ignore[attr-defined]
+        d.source._t.warnings._seen.clear()  # type: ignore[attr-defined]
         sql("INSERT INTO t SELECT id + 10, d, ts, tz FROM t")
         stream = {e.after["id"] - 10: e.after for e in await d.events(2)}  # type: ignore[index,operator]
-        warned_stream = set(d.source._warnings._seen)  # type: ignore[attr-defined]
+        warned_stream = set(d.source._t.warnings._seen)  # type: ignore[attr-defined]
     for rid, want in expected.items():
         for name, value in want.items():
             assert snap[("public.t", rid)][name] == value and stream[rid][name] == value, (rid, name)

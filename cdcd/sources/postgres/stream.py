@@ -1,0 +1,268 @@
+"""The PostgreSQL stream reader: pgoutput over a replication connection, as the capture coordinator runs it.
+
+``PgTables`` is what the planner, the snapshot and the stream share about the captured tables (catalog
+facts, Arrow shapes, the type registry, the catalog connection). ``PgStream`` connects, starts replication
+from the slot, decodes pgoutput into items and sends heartbeats; reconnects, backoff and the skip rule are
+the coordinator's (``cdcd/capture/coordinator.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+
+from cdcd.capture.coordinator import CaptureCoordinator
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId
+from cdcd.positions import PgPosition, Position, format_lsn
+from cdcd.sources.postgres import catalog, pgoutput
+from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, TableInfo
+from cdcd.sources.postgres.connection import ConnectParams
+from cdcd.sources.postgres.plan import slot_gone_message
+from cdcd.sources.postgres.protocol import ProtocolError
+from cdcd.sources.postgres.replication import PgServerError, ReplicationConnection
+from cdcd.sources.postgres.shape import (
+    RowDecoder,
+    TableShape,
+    Warnings,
+    same_columns,
+    shape_from_info,
+    shape_from_relation,
+    warn_unknown,
+)
+from cdcd.sources.postgres.types import TypeRegistry
+
+log = structlog.get_logger("cdcd.source.postgres")
+
+STATUS_INTERVAL_S = 5.0
+
+
+@dataclass
+class PgTables:
+    """The captured tables as the source knows them: shared by the planner, the snapshot and the stream."""
+
+    params: ConnectParams
+    tables: list[TableId]
+    registry: TypeRegistry = field(default_factory=TypeRegistry)
+    warnings: Warnings = field(default_factory=Warnings)
+    infos: dict[TableId, TableInfo] = field(default_factory=dict)
+    shapes: dict[TableId, TableShape] = field(default_factory=dict)
+    sql: Any = None  # the catalog connection (asyncpg)
+
+    async def load(self) -> None:
+        """Catalog facts, types and shapes of every table (``sql`` must be open)."""
+        for t in self.tables:
+            self.infos[t] = await catalog.table_info(self.sql, t)
+        oids = {c.type_oid for info in self.infos.values() for c in info.columns}
+        await catalog.load_types(self.sql, self.registry, oids)
+        for t, info in self.infos.items():
+            self.shapes[t] = shape_from_info(info, self.registry)
+            warn_unknown(self.shapes[t], self.warnings)
+
+    async def ensure_sql(self) -> Any:
+        if self.sql is None or self.sql.is_closed():
+            self.sql = await catalog.connect_sql(self.params)
+        return self.sql
+
+
+class PgStream:
+    """pgoutput from the slot (``cdcd.capture.contracts.StreamReader``)."""
+
+    lost_event = "replication connection lost; reconnecting"
+
+    def __init__(self, tables: PgTables, slot: str, publication: str, heartbeat_s: float, coord: CaptureCoordinator,
+                 on_connect: Callable[[ReplicationConnection], Awaitable[list[Item]]]) -> None:
+        self._coord = coord
+        self._tables = tables
+        self._params = tables.params
+        self._table_set = set(tables.tables)
+        self._slot = slot
+        self._publication = publication
+        self._heartbeat_s = heartbeat_s
+        self._on_connect = on_connect  # the identity check of every (re)connect: marks to emit first
+        self.where = self._params.where
+        self.what = f"the replication connection to {self.where}"
+        self.ended = f"{self.where}: the server ended the replication stream"
+        self.transient: tuple[type[BaseException], ...] = (OSError, asyncio.IncompleteReadError)
+        self.flush_lsn = 0  # the flush position the server hears: never beyond a durable checkpoint
+        self.repl: ReplicationConnection | None = None
+        self.lag_ms: float | None = None
+        self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
+
+    def handoff(self, watermark: Position) -> None:
+        """Nothing to move: the slot starts at the snapshot's consistent point (the watermark) by itself."""
+
+    async def run(self, reconnect: bool) -> AsyncIterator[Item]:
+        repl = await ReplicationConnection.connect(self._params)
+        self.repl = repl
+        repl.flush_lsn = self.flush_lsn
+        heartbeat: asyncio.Task[None] | None = None
+        try:
+            for mark in await self._on_connect(repl):  # a reconnect may reach a server restored or promoted
+                yield mark
+            interval = await repl.status_interval(STATUS_INTERVAL_S)
+            await repl.start_replication(self._slot, 0, self._publication, interval)
+            self._coord.connected = True
+            heartbeat = asyncio.create_task(self._heartbeats(), name="pg-heartbeat")
+            async for item in self._decode(repl):
+                yield item
+        except PgServerError as exc:
+            if exc.sqlstate == "42704" and "replication slot" in exc.server_message:
+                raise SourceFatal(slot_gone_message(self._slot, self.where)) from exc
+            if exc.sqlstate == "42704" and "publication" in exc.server_message:
+                raise SourceFatal(
+                    f"{exc}: the slot's decoding point is older than publication {self._publication!r} (the slot "
+                    "was created before it); drop the slot and start again with an empty state.path") from exc
+            raise
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # the catalog connection, for new types
+            raise SourceError(f"{self.where}: {exc}") from exc
+        except ProtocolError as exc:  # a message we cannot decode would be skipped data: never retry past it
+            raise SourceFatal(f"{self.where}: {exc}") from exc
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+                with contextlib.suppress(BaseException):
+                    await heartbeat
+            self.repl = None
+            await repl.close()
+
+    async def _decode(self, repl: ReplicationConnection) -> AsyncIterator[Item]:
+        relations = pgoutput.RelationCache()
+        decoders: dict[int, RowDecoder | None] = {}
+        commit_lsn = 0
+        seq = 0
+        xid: str | None = None
+        commit_ts: datetime | None = None
+        decode = pgoutput.decode
+        async for chunk in repl.xlog():
+            for x in chunk:
+                msg = decode(x.data)
+                if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
+                    seq += 1
+                    dec = decoders.get(msg.relation)
+                    if dec is not None:
+                        yield self._row_event(msg, dec, PgPosition(commit_lsn, seq), xid, commit_ts)
+                elif isinstance(msg, pgoutput.Begin):
+                    commit_lsn, seq, xid, commit_ts = msg.final_lsn, 0, str(msg.xid), msg.commit_ts
+                    self.lag_ms = max(0.0, (time.time() - msg.commit_ts.timestamp()) * 1000)
+                elif isinstance(msg, pgoutput.Commit):
+                    seq += 1
+                    yield Mark(MarkKind.COMMIT, PgPosition(commit_lsn, seq),
+                               {"lsn": format_lsn(commit_lsn), "end_lsn": format_lsn(msg.end_lsn)})
+                elif isinstance(msg, pgoutput.Relation):
+                    relations.add(msg)
+                    decoders[msg.oid] = await self._relation(msg)
+                elif isinstance(msg, pgoutput.Truncate):
+                    for oid in msg.relations:
+                        seq += 1
+                        dec = decoders.get(oid)
+                        if dec is not None:
+                            yield ChangeEvent(Op.TRUNCATE, dec.shape.schema, PgPosition(commit_lsn, seq), tx_id=xid,
+                                              commit_ts=commit_ts)
+                elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX \
+                        and not msg.transactional:
+                    yield Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0))
+
+    def _row_event(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, dec: RowDecoder,
+                   pos: PgPosition, xid: str | None, commit_ts: datetime | None) -> ChangeEvent:
+        schema = dec.shape.schema
+        if isinstance(msg, pgoutput.Insert):
+            after, missing = dec.row(msg.new)
+            return ChangeEvent(Op.CREATE, schema, pos, None, after, xid, commit_ts, False, tuple(missing))
+        if isinstance(msg, pgoutput.Update):
+            after, missing = dec.row(msg.new)
+            before: dict[str, Any] | None = None
+            if msg.old_kind == "O" and msg.old is not None:
+                before, old_missing = dec.row(msg.old)
+                for name in list(missing):  # unchanged TOAST: the full old row has the value
+                    if name not in old_missing:
+                        after[name] = before[name]
+                        missing.remove(name)
+            elif msg.old_kind == "K" and msg.old is not None:
+                before = dec.key_row(msg.old)
+            return ChangeEvent(Op.UPDATE, schema, pos, before, after, xid, commit_ts, False, tuple(missing))
+        if msg.old_kind == "O":
+            before, _ = dec.row(msg.old)
+        else:
+            before = dec.key_row(msg.old)
+        return ChangeEvent(Op.DELETE, schema, pos, before, None, xid, commit_ts)
+
+    async def _relation(self, rel: pgoutput.Relation) -> RowDecoder | None:
+        table = TableId(rel.namespace, rel.name)
+        if table not in self._table_set:
+            return None
+        t = self._tables
+        oids = {c.type_oid for c in rel.columns}
+        if t.registry.missing(oids):
+            await catalog.load_types(await t.ensure_sql(), t.registry, oids)
+        old = t.shapes.get(table)
+        info = t.infos.get(table)
+        shape = shape_from_relation(rel, info, t.registry, old.schema.version if old else 0)
+        if old is not None and not same_columns(old.schema, shape.schema):
+            # The schema changed: refresh key and dimensions from the catalog, bump the version.
+            with contextlib.suppress(SourceError, OSError):
+                t.infos[table] = info = await catalog.table_info(await t.ensure_sql(), table)
+            shape = shape_from_relation(rel, info, t.registry, old.schema.version + 1)
+            log.info("table schema changed", table=str(table), version=shape.schema.version,
+                     columns=list(shape.schema.column_names))
+        t.shapes[table] = shape
+        warn_unknown(shape, t.warnings)
+        return RowDecoder(shape, t.warnings)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                if self._hb_sql is None or self._hb_sql.is_closed():
+                    self._hb_sql = await catalog.connect_sql(self._params)
+                await catalog.emit_heartbeat(self._hb_sql)
+            except Exception as exc:  # a missed heartbeat is harmless; the next one retries
+                log.warning("heartbeat failed", error=str(exc))
+                with contextlib.suppress(Exception):
+                    self._hb_sql.terminate()
+                self._hb_sql = None
+
+    def confirm(self, lsn: int) -> None:
+        """A checkpoint with flush position ``lsn`` is durable: tell the server (standby status ``flush``)."""
+        if lsn > self.flush_lsn:
+            self.flush_lsn = lsn
+        repl = self.repl
+        if repl is not None:
+            repl.flush_lsn = self.flush_lsn
+            with contextlib.suppress(Exception):
+                repl.send_status()
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"lag_ms": self.lag_ms, "confirmed_flush_lsn": format_lsn(self.flush_lsn)}
+        repl = self.repl
+        if repl is not None:
+            out["slot_lag_bytes"] = max(0, repl.received_lsn - self.flush_lsn)
+            out["received_lsn"] = format_lsn(repl.received_lsn)
+        return out
+
+    async def close(self) -> None:
+        if self.repl is not None:
+            await self.repl.close()
+            self.repl = None
+        if self._hb_sql is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._hb_sql.close(), 5)
+        self._hb_sql = None
+
+    def terminate(self) -> None:
+        if self.repl is not None:
+            self.repl.terminate()
+            self.repl = None
+        if self._hb_sql is not None:
+            with contextlib.suppress(Exception):
+                self._hb_sql.terminate()
+        self._hb_sql = None
+
