@@ -47,16 +47,11 @@ def _qi(name: str, quote: str) -> str:
 
 
 async def read_postgres(config: Config) -> list[SourceTable]:
-    # the source's own connection code: its TLS (source.sslmode, source.sslrootcert) and session settings
-    from cdcd.sources.postgres.catalog import connect_sql
-    from cdcd.sources.postgres.replication import ConnectParams
+    # the source's own connection code: its TLS (source.sslmode, source.sslrootcert), timeouts, session settings
+    from cdcd.sources.postgres.connection import connect_params, connect_sql
 
     src = config.source
-    params = ConnectParams(
-        host=src.host, port=src.effective_port, user=src.user, database=src.database, password=src.secret(),
-        sslmode=src.sslmode, sslrootcert=src.sslrootcert, connect_timeout_s=src.connect_timeout_s,
-        application_name="cdcd-verify",
-    )
+    params = connect_params(config, application_name="cdcd-verify")
     try:
         conn = await connect_sql(params)
     except SourceError as exc:
@@ -110,22 +105,15 @@ async def _pg_table(conn: Any, t: TableId) -> SourceTable:
 
 async def read_mysql(config: Config) -> list[SourceTable]:
     # the source's own connection code: its TLS (source.sslmode, source.sslrootcert), UTC session
-    from cdcd.sources.mysql.snapshot import open_connection
-    from cdcd.sources.mysql.tls import Tls
+    from cdcd.sources.mysql.connection import connect_params
 
     src = config.source
-    settings: dict[str, Any] = {
-        "host": src.host, "port": src.effective_port, "user": src.user, "password": src.secret() or "",
-        "charset": "utf8mb4", "connect_timeout": int(src.connect_timeout_s),
-    }
     try:
-        conn = await open_connection(settings, Tls.build(src.sslmode, src.sslrootcert, src.host, src.effective_port))
+        conn = await connect_params(config).open()
     except CdcdError as exc:
         raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
     try:
         async with conn.cursor() as cur:
-            await cur.execute("SET time_zone = '+00:00'")
-            await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             out = [await _my_table(cur, t) for t in src.table_ids]
             await cur.execute("COMMIT")
