@@ -7,7 +7,8 @@ file statistics skip every file outside the batch's key range. What the MERGE re
 taken from the SQL metrics Spark keeps of the statement (Delta's files after skipping,
 Iceberg's skipped data files), what it rewrote from the table's own commit (Delta's
 ``DESCRIBE HISTORY`` operationMetrics, Iceberg's snapshot summary). Without the bound,
-every file is read.
+Delta reads every file (checked: 40 of 40 after skipping). Iceberg prunes with or without it:
+Spark filters the target of a row-level command at run time by the source's keys.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ async def test_a_small_batch_reads_and_rewrites_a_small_part_of_a_large_mirror(
         assert m["numTargetRowsCopied"] == 0 and m["numTargetFilesRemoved"] == 0, m  # deletion vectors
     else:
         scan = sql_metrics(spark, "BatchScan cdcd.tables.public.items")
-        assert scan["number of skipped data files"] >= FILES - 2, scan  # without the bound: 0 skipped
+        assert scan["number of skipped data files"] >= FILES - 2, scan
         assert scan["number of result data files"] <= 2, scan
         snap = spark.sql(f"SELECT summary FROM {ref}.`snapshots` ORDER BY committed_at DESC LIMIT 1").first()
         summary = snap["summary"]
