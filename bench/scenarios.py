@@ -343,14 +343,11 @@ def _delta_files(table: Path) -> tuple[int, dict[str, Any]]:
     live: set[str] = set()
     last: dict[str, Any] = {}
     for commit in sorted((table / "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                live.add(action["add"]["path"])
-            elif "remove" in action:
-                live.discard(action["remove"]["path"])
-            elif "commitInfo" in action:
-                last = action["commitInfo"]
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        # a deletion vector is a remove and an add of the same path in one commit, in either order
+        live -= {a["remove"]["path"] for a in actions if "remove" in a}
+        live |= {a["add"]["path"] for a in actions if "add" in a}
+        last = next((a["commitInfo"] for a in actions if "commitInfo" in a), last)
     return len(live), last
 
 
