@@ -127,3 +127,30 @@ async def test_a_small_batch_reads_and_rewrites_a_small_part_of_a_large_mirror(
         assert int(summary.get("deleted-data-files", "0")) == 0, summary
         assert int(summary.get("added-delete-files", "0")) <= 2, summary
         assert int(summary.get("added-data-files", "0")) <= 2, summary
+
+
+NOKEY = TableSchema(TableId("public", "nokey"),
+                    (Column("a", pa.int64(), "bigint"), Column("b", pa.string(), "text")), ())
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+async def test_the_key_bound_keeps_rows_whose_first_key_column_is_null(spark: Any, tmp_path: Path, fmt: str) -> None:
+    """A table without a primary key merges on all its columns, NULLs included: the bound lets them through."""
+    from test_spark_consumer import rows_of
+
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    first = [ev(Op.CREATE, 100, i, schema=NOKEY, after={"a": a, "b": b})
+             for i, (a, b) in enumerate([(None, "x"), (1, "y"), (5, "z")])]
+    await land(landing, [first], [1])
+    apply(landing, target, fmt)
+    # only NULL in the first column, then NULL next to a range
+    await land(landing, [[ev(Op.DELETE, 200, 1, schema=NOKEY, before={"a": None, "b": "x"})]], [2])
+    apply(landing, target, fmt)
+    assert sorted((r["a"], r["b"]) for r in rows_of(target, "public.nokey")) == [(1, "y"), (5, "z")]
+    await land(landing, [[ev(Op.CREATE, 300, 1, schema=NOKEY, after={"a": None, "b": "w"}),
+                          ev(Op.DELETE, 300, 2, schema=NOKEY, before={"a": 5, "b": "z"})]], [3])
+    apply(landing, target, fmt)
+    await land(landing, [[ev(Op.DELETE, 400, 1, schema=NOKEY, before={"a": None, "b": "w"}),
+                          ev(Op.DELETE, 400, 2, schema=NOKEY, before={"a": 1, "b": "y"})]], [4])
+    apply(landing, target, fmt)
+    assert rows_of(target, "public.nokey") == []
