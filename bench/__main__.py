@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     # rows per workload; the default run stays under 10 minutes on 2 cores, --quick under 2
     "default": {"stream": 1_000_000, "stream_wide": 100_000, "snapshot": 1_000_000, "snapshot_wide": 200_000,
-                "latency_s": 20, "rss_tx": 2_000_000, "rss_snapshot": 5_000_000},
+                "latency_s": 20, "rss_tx": 2_000_000, "rss_snapshot": 5_000_000, "spark_small": 10_000_000},
     "quick": {"stream": 50_000, "stream_wide": 10_000, "snapshot": 50_000, "snapshot_wide": 10_000,
-              "latency_s": 5, "rss_tx": 100_000, "rss_snapshot": 200_000},
+              "latency_s": 5, "rss_tx": 100_000, "rss_snapshot": 200_000, "spark_small": 20_000},
 }
 
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where results go")
     parser.add_argument("--only", nargs="*", help="run only these measures (names as in the table)")
     parser.add_argument("--chart", type=Path, default=ROOT / "docs" / "benchmarks.png", help="chart PNG path")
-    parser.add_argument("--no-spark", action="store_true", help="skip the Spark consumer measure")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark consumer measures")
     args = parser.parse_args(argv)
     sizes = SIZES["quick" if args.quick else "default"]
     work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.quick or (args.only and "debezium" in args.only):  # needs Maven and a JVM: not in smoke runs
             plan.append(("debezium", lambda: peers.debezium(pg, maria, work / "debezium", sizes, results)))
         if not args.no_spark:
-            plan.append(("spark", lambda: scenarios.spark_consumer(work / "pg_stream", work / "spark")))
+            plan.append(("spark", lambda: scenarios.spark_consumer(work / "pg_stream", work / "spark", results)))
+            plan.append(("spark_small", lambda: scenarios.spark_small(pg, work / "spark_small", sizes)))
         for name, run in plan:
             if args.only and name not in args.only:
                 continue

@@ -36,8 +36,14 @@ def to_markdown(doc: dict[str, Any]) -> str:
             if r.get("peak_rss_mb") is not None:
                 notes.append(f"peak RSS {_fmt(r['peak_rss_mb'])} MB")
             if "applied_rate" in r:
+                ratio = f", ratio {_fmt(r['applied_ratio'])}" if "applied_ratio" in r else ""
                 notes.append(f"{_fmt(r['applied_rate'])} {r['unit']} without Spark start-up "
-                             f"({_fmt(r['applied_seconds'])} s in merges)")
+                             f"({_fmt(r['applied_seconds'])} s in merges{ratio})")
+            if "mirror_rows" in r:
+                notes = [f"{_fmt(r['cdcd_seconds'])} s with Spark start-up; the mirror: {_fmt(r['mirror_files'])} "
+                         f"files; rewritten: {_fmt(r['files_rewritten'])} files, {_fmt(r['rows_copied'])} rows "
+                         f"copied, {_fmt(r['deletion_vectors_added'])} deletion vectors; mirror built in "
+                         f"{_fmt(r['build_seconds'])} s ({_fmt(r['build_rate'])} events/s in merges)"]
             if "mariadb_binlog_rate" in r:
                 notes.append(f"mariadb-binlog --verbose: {_fmt(r['mariadb_binlog_rate'])} rows/s "
                              f"(ratio {_fmt(r['ratio_to_mariadb_binlog'])})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -290,27 +291,111 @@ def workloads_fill_big(pg: PostgresServer, db: str, rows: int) -> None:
 # -- Spark --------------------------------------------------------------------------------------------
 
 
-def spark_consumer(stream_work: Path, target: Path) -> list[Row]:
-    """Events/s applied to the mirror by ``cdcd spark run --once`` over the streaming run's landing zone."""
+SPARK_FORMAT = "delta"  # the consumer's default target format, named in the measures
+
+
+def _spark_once(landing: Path, target: Path) -> tuple[float, str]:
+    """``cdcd spark run --once --format delta``: seconds (Spark start-up included) and its log."""
+    began = time.perf_counter()
+    proc = subprocess.run([str(VENV_BIN / "cdcd"), "spark", "run", "--once", "--format", SPARK_FORMAT,
+                           "--landing", str(landing), "--target", str(target)],
+                          capture_output=True, text=True, timeout=3600)
+    seconds = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"cdcd spark run failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return seconds, proc.stderr
+
+
+def _applied(log: str) -> tuple[int, float] | None:
+    """The consumer's own figure from its last log line: events and seconds spent in merges (no start-up)."""
+    done = re.search(r"done: (\d+) events applied \(([\d.]+) events/s\)", log)
+    if not done:
+        return None
+    return int(done.group(1)), int(done.group(1)) / float(done.group(2))
+
+
+def spark_consumer(stream_work: Path, target: Path, landed: list[Row]) -> list[Row]:
+    """Events/s applied by ``cdcd spark run --once`` over the streaming run's landing zone, next to the
+    rate at which the daemon landed the same events in the same run (``landed``: the pg_stream rows)."""
     landing = stream_work / "landing"
     from cdcd.landing.reader import read_batches
 
     events = sum(sum(t.num_rows for t in b.tables.values()) for b in read_batches(landing, verify=False))
-    began = time.perf_counter()
-    proc = subprocess.run([str(VENV_BIN / "cdcd"), "spark", "run", "--once", "--landing", str(landing),
-                           "--target", str(target)], capture_output=True, text=True)
-    seconds = time.perf_counter() - began
-    if proc.returncode != 0:
-        raise RuntimeError(f"cdcd spark run failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    row: Row = {"measure": "Spark consumer, events applied to the mirror", "unit": "events/s",
+    seconds, log = _spark_once(landing, target)
+    daemon = [r for r in landed if r["measure"].startswith("PostgreSQL streaming")]
+    row: Row = {"measure": f"Spark consumer ({SPARK_FORMAT}), events applied to the mirror", "unit": "events/s",
                 "cdcd": round(events / seconds, 1), "cdcd_seconds": round(seconds, 2), "items": events,
-                "baseline": "none (includes Spark start-up)"}
-    # the consumer's own figure: the time spent in merges, without the JVM and session start-up
-    done = re.search(r"done: (\d+) events applied \(([\d.]+) events/s\)", proc.stderr)
-    if done:
-        row.update(applied_rate=float(done.group(2)),
-                   applied_seconds=round(int(done.group(1)) / float(done.group(2)), 2))
+                "baseline": "cdcd landing the same events (pg_stream, this run); cdcd includes Spark start-up"}
+    if daemon:  # the daemon's rate over both streaming tables: the events this consumer applies
+        rate = sum(r["items"] for r in daemon) / sum(r["cdcd_seconds"] for r in daemon)
+        row.update(baseline_rate=round(rate, 1), baseline_seconds=round(sum(r["cdcd_seconds"] for r in daemon), 2),
+                   ratio=round(events / seconds / rate, 3))
+    applied = _applied(log)
+    if applied:  # the consumer's own figure: the time spent in merges, without the JVM and session start-up
+        row.update(applied_rate=round(applied[0] / applied[1], 1), applied_seconds=round(applied[1], 2))
+        if daemon:
+            row["applied_ratio"] = round(row["applied_rate"] / row["baseline_rate"], 3)
     return [row]
+
+
+def _delta_files(table: Path) -> tuple[int, dict[str, Any]]:
+    """A Delta table's live data files and the last commit's operation and metrics, from its JSON log."""
+    live: set[str] = set()
+    last: dict[str, Any] = {}
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        # a deletion vector is a remove and an add of the same path in one commit, in either order
+        live -= {a["remove"]["path"] for a in actions if "remove" in a}
+        live |= {a["add"]["path"] for a in actions if "add" in a}
+        last = next((a["commitInfo"] for a in actions if "commitInfo" in a), last)
+    return len(live), last
+
+
+def spark_small(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    """A 100-row batch into a large Delta mirror: its time and what it rewrote.
+
+    The mirror is built the way users get one: the daemon lands an initial snapshot of the
+    table, ``cdcd spark run --once`` applies it. Then 100 neighbouring rows are updated,
+    the daemon lands them, and a second ``--once`` run applies that batch alone.
+    """
+    work.mkdir(parents=True)
+    rows = sizes["spark_small"]
+    db = pg.create_database("bench_spark_small")
+    pg.psql(workloads.PG_NARROW, db)
+    pg.psql("CREATE PUBLICATION cdcd FOR TABLE narrow", db)
+    for lo in range(1, rows + 1, 1_000_000):
+        pg.psql(f"INSERT INTO narrow (id, a, b) SELECT g, g % 1000, 'row ' || g "
+                f"FROM generate_series({lo}, {min(lo + 999_999, rows)}) g", db)
+    config = write_config(work / "cdcd.toml", _pg_source(pg, db, ["public.narrow"], slot="spark_small"), work,
+                          snapshot={"mode": "initial", "parallelism": 2})
+    landing, target = work / "landing", work / "spark"
+    daemon = Daemon(config, work).start()
+    try:
+        daemon.wait_committed(rows, timeout=1800)
+        build_seconds, build_log = _spark_once(landing, target)
+        lo = rows // 2
+        pg.psql(f"UPDATE narrow SET a = a + 1, b = 'updated' WHERE id BETWEEN {lo} AND {lo + 99}", db)
+        daemon.wait_committed(rows + 100, timeout=300)
+    finally:
+        daemon.stop()
+    seconds, log = _spark_once(landing, target)
+    applied = _applied(log)
+    if applied is None or applied[0] != 100:
+        raise RuntimeError(f"the 100-row batch was not applied on its own: {log[-3000:]}")
+    files, commit = _delta_files(target / "tables" / "public.narrow")
+    if commit.get("operation") != "MERGE":
+        raise RuntimeError(f"the mirror's last commit is {commit.get('operation')}, not the batch's MERGE")
+    m = {k: int(v) for k, v in commit.get("operationMetrics", {}).items() if str(v).isdigit()}
+    built = _applied(build_log)
+    steps = re.findall(r"applied batches [^\n]*", log)
+    return [{"measure": f"Spark consumer ({SPARK_FORMAT}), a 100-row batch into a {rows:,}-row mirror",
+             "unit": "s", "cdcd": round(applied[1], 2), "cdcd_seconds": round(seconds, 2), "items": 100,
+             "baseline": "none", "mirror_rows": rows, "mirror_files": files,
+             "files_rewritten": m.get("numTargetFilesRemoved"), "rows_copied": m.get("numTargetRowsCopied"),
+             "deletion_vectors_added": m.get("numTargetDeletionVectorsAdded"),
+             "build_seconds": round(build_seconds, 1),
+             "build_rate": round(built[0] / built[1], 1) if built else None,
+             "steps": steps[-1] if steps else None}]  # the consumer's seconds per statement
 
 
 # -- helpers --------------------------------------------------------------------------------------------

@@ -15,10 +15,21 @@ listed in ``_cdc_unavailable`` so that the MERGE keeps the mirror's value.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructType
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from cdcd.landing.reader import LandedFile
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
@@ -42,6 +53,18 @@ class Facts:
     truncate_pos: str | None = None
     unavailable: set[str] = field(default_factory=set)
     key_changes: int = 0
+    unique: bool = False  # every key has one row event (no truncate counted): no per-key ordering needed
+    key_range: KeyRange | None = None  # of the first key column over every key the events name
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRange:
+    """Lowest and highest value of the first key column (new and old keys), for the MERGE to prune files."""
+
+    column: str
+    lowest: Any  # None when every value is NULL
+    highest: Any
+    nulls: bool  # some event names a NULL value (a table without a primary key)
 
 
 @dataclass(slots=True)
@@ -74,16 +97,45 @@ def new_events(spark: SparkSession, files: list[LandedFile], watermark: str) -> 
     return events.filter(F.col("_cdc_pos") >= F.lit(watermark)) if watermark else events
 
 
-def facts(events: DataFrame) -> Facts:
-    moves = F.count_if(F.col("_cdc_before_key").isNotNull()) if "_cdc_before_key" in events.columns else F.lit(0)
+#: Key types whose range the MERGE states as literals (others: no pruning predicate, same result).
+RANGED = (ByteType, ShortType, IntegerType, LongType, StringType, DateType, DecimalType)
+
+
+def facts(events: DataFrame, key: list[str]) -> Facts:
+    """Counts, truncate, unavailable columns and key range in one aggregate; key uniqueness in a second one."""
+    moved = "_cdc_before_key" in events.columns
+    moves = F.count_if(F.col("_cdc_before_key").isNotNull()) if moved else F.lit(0)
+    rows = F.col("_cdc_op") != "t"
+    first = events.schema[key[0]].dataType
+    ranged = isinstance(first, RANGED)
+    k0 = F.when(rows, F.col(key[0]))
+    old = (F.col("_cdc_before_key").getField(key[0]).cast(first)
+           if moved and key[0] in _fields(events.schema["_cdc_before_key"].dataType) else F.lit(None).cast(first))
+    nulls = F.count_if(rows & F.col(key[0]).isNull())
+    if moved:
+        nulls = nulls + F.count_if(F.col("_cdc_before_key").isNotNull() & old.isNull())
     row = events.agg(
         F.count(F.lit(1)),
         F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))),
         F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))),
         moves,
+        F.count_if(rows),
+        F.least(F.min(k0), F.min(old)) if ranged else F.lit(None),
+        F.greatest(F.max(k0), F.max(old)) if ranged else F.lit(None),
+        nulls,
     ).first()
     assert row is not None
-    return Facts(int(row[0]), row[1], set(row[2] or ()), int(row[3]))
+    found = Facts(int(row[0]), row[1], set(row[2] or ()), int(row[3]),
+                  key_range=KeyRange(key[0], row[5], row[6], int(row[7]) > 0) if ranged else None)
+    if not found.key_changes and not found.unavailable and found.truncate_pos is None:
+        # a separate aggregate: next to the ones above, Spark would group those by key as well
+        keys = events.filter(rows).select(*key).dropna().distinct().count()
+        found.unique = keys == int(row[4])
+    return found
+
+
+def _fields(dt: DataType) -> list[str]:
+    return dt.fieldNames() if isinstance(dt, StructType) else []
 
 
 def collapse(
@@ -97,6 +149,8 @@ def collapse(
     involved; then, as in the Parquet rewrite, they take part in the ordering and
     a key whose latest row is the mirror's own gets no action.
     """
+    if found.unique:
+        return _one_per_key(events, cols, types), []
     actions = action_rows(events, cols, key, types, found.key_changes > 0)
     if found.truncate_pos is not None:  # the truncate removes what came before it
         actions = actions.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
@@ -129,18 +183,37 @@ def collapse(
     return out, keep
 
 
+def _one_per_key(events: DataFrame, cols: list[str], types: dict[str, DataType]) -> DataFrame:
+    """The MERGE source when each key has one event and no rule beyond "delete or upsert" applies.
+
+    The same rows ``collapse`` would give, without its per-key grouping: no shuffle, and the
+    rows keep their landed order (keys inserted in order give the mirror files of narrow key ranges).
+    """
+    deleted = F.col("_cdc_op") == "d"
+    return events.filter(F.col("_cdc_op") != "t").select(
+        *[F.col(c).cast(types[c]).alias(c) for c in cols],  # a delete's non-key values are NULL as landed
+        *[F.col(m) for m in MIRROR_META],
+        deleted.alias(DELETE_FLAG),
+        F.array().cast("array<string>").alias(UNAVAILABLE),
+    )
+
+
 def prepare(spark: SparkSession, files: list[LandedFile], watermark: str, mirror: DataFrame | None = None) -> Prepared:
-    """Read one table's landed files and build the MERGE source; the events are cached until ``release``."""
+    """Read one table's landed files and build the MERGE source.
+
+    The events are not cached: every statement reads the columns it needs from the landed
+    files (immutable until consumed), which costs less than building an in-memory copy.
+    """
     cols, key = table_layout(files)
-    events = new_events(spark, files, watermark).persist()
+    events = new_events(spark, files, watermark)
     types = {f.name: f.dataType for f in events.schema.fields}
-    found = facts(events)
+    found = facts(events, key)
     collapsed, keep = collapse(events, cols, key, types, found, mirror)
     return Prepared(cols, key, types, events, found, keep, collapsed)
 
 
 def release(prepared: Prepared) -> None:
-    prepared.events.unpersist()
+    prepared.events.unpersist()  # nothing cached by ``prepare``; kept for callers that cache
 
 
 def conform(expr: Column, have: DataType | None, want: DataType) -> Column:

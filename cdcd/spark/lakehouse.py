@@ -248,6 +248,7 @@ class Statements:
     mirror_ddl: list[str]
     truncate: str | None
     mirror_merge: str
+    mirror_insert: str  # instead of mirror_merge when the mirror was created by this batch
 
 
 def statements(p: Prepared, names: Names, schema: str, table: str, log_have: StructType | None,
@@ -256,6 +257,8 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
     using = names.fmt
     log, mirror = names.changelog(schema, table), names.mirror(schema, table)
     log_want = _union(log_have, p.events.schema)
+    r = p.facts.key_range
+    prune = sql.key_range(r.column, p.types[r.column], r.lowest, r.highest, r.nulls) if r is not None else None
     return Statements(
         [sql.create_namespace(ns) for ns in names.namespaces(schema)],
         ddl(log, log_have, log_want, using, _LOG_PROPERTIES[using], drop=False),
@@ -263,7 +266,8 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
         sql.append(log, sources[0], log_want.fieldNames()),
         ddl(mirror, mirror_have, mirror_schema(p), using, _MIRROR_PROPERTIES[using], drop=True),
         sql.truncate_before(mirror, p.facts.truncate_pos) if p.facts.truncate_pos is not None else None,
-        sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep),
+        sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep, prune),
+        sql.mirror_insert(mirror, sources[1], p.mirror_columns),
     )
 
 
@@ -385,7 +389,8 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
                         _run(spark, [plan.truncate])
                 _register(spark, p.mirror, views[1])
                 with recorded(spark, names.fmt, "mirror", seq):
-                    _run(spark, [plan.mirror_merge])
+                    # a mirror this batch created is empty (a retry after a crash finds it created: MERGE)
+                    _run(spark, [plan.mirror_merge if mirror_have is not None else plan.mirror_insert])
         for v in views:
             spark.catalog.dropTempView(v)
         return state, p.facts.events

@@ -8,8 +8,10 @@ name is back-quoted: source columns may hold any character.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
 
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
 
 DELETE_FLAG = "_cdc_delete"  # collapsed source row: the key's last action removes it
 UNAVAILABLE = "_cdc_unavailable"  # collapsed source row: columns whose value is still unknown
@@ -85,15 +87,37 @@ def _key_match(key: Sequence[str]) -> str:
     return " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in key)
 
 
-def mirror_merge(table: str, source: str, key: Sequence[str], columns: Sequence[str], keep: Sequence[str]) -> str:
+def typed_literal(value: Any, dt: DataType) -> str:
+    """A literal of type ``dt`` (one of ``collapse.RANGED``): compared with a column of that type, the
+    format's file statistics can skip files (a literal of another type would cast the column)."""
+    if isinstance(dt, StringType):
+        return literal(value)
+    text = format(value, "f") if isinstance(value, Decimal) else str(value)
+    return f"CAST({literal(text)} AS {sql_type(dt)})"
+
+
+def key_range(column: str, dt: DataType, lowest: Any, highest: Any, nulls: bool) -> str:
+    """A target-only MERGE condition holding every key of the batch: the format skips files outside it."""
+    t = f"t.{q(column)}"
+    inside = (f"{t} >= {typed_literal(lowest, dt)} AND {t} <= {typed_literal(highest, dt)}"
+              if lowest is not None and highest is not None else "")
+    if not nulls:
+        return inside or "FALSE"
+    return f"({inside} OR {t} IS NULL)" if inside else f"{t} IS NULL"
+
+
+def mirror_merge(table: str, source: str, key: Sequence[str], columns: Sequence[str], keep: Sequence[str],
+                 prune: str | None = None) -> str:
     """Upsert/delete the collapsed source (one row per key) into the mirror.
 
     ``columns`` are the mirror's columns (source columns and ``_cdc_*``);
     ``keep`` the columns some event left unavailable: for those the row's
     ``_cdc_unavailable`` says whether to keep the mirror's value. A source
     row only acts on a mirror row of a lower position, so a replayed batch
-    matches rows at its own position and changes nothing.
+    matches rows at its own position and changes nothing. ``prune`` (``key_range``)
+    bounds the target side so that only files that may hold the batch's keys are read.
     """
+    on = f"{prune} AND {_key_match(key)}" if prune else _key_match(key)
     newer = "s._cdc_pos > t._cdc_pos"
 
     def assign(c: str) -> str:
@@ -106,7 +130,7 @@ def mirror_merge(table: str, source: str, key: Sequence[str], columns: Sequence[
     names = ", ".join(q(c) for c in columns)
     values = ", ".join(f"s.{q(c)}" for c in columns)
     return (
-        f"MERGE INTO {table} t USING {source} s ON {_key_match(key)} "
+        f"MERGE INTO {table} t USING {source} s ON {on} "
         f"WHEN MATCHED AND {newer} AND s.{q(DELETE_FLAG)} THEN DELETE "
         f"WHEN MATCHED AND {newer} THEN UPDATE SET {sets} "
         f"WHEN NOT MATCHED AND NOT s.{q(DELETE_FLAG)} THEN INSERT ({names}) VALUES ({values})"
@@ -136,6 +160,13 @@ def changelog_merge(
     names = ", ".join(q(c) for c in columns)
     values = ", ".join(f"s.{q(c)}" for c in columns)
     return f"MERGE INTO {table} t USING {source} s ON {on} WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
+
+
+def mirror_insert(table: str, source: str, columns: Sequence[str]) -> str:
+    """The collapsed source into a mirror created by this batch: an empty table needs no MERGE (no join,
+    one pass); what ``mirror_merge`` would do to it, as its WHEN NOT MATCHED clause."""
+    names = ", ".join(q(c) for c in columns)
+    return f"INSERT INTO {table} ({names}) SELECT {names} FROM {source} WHERE NOT {q(DELETE_FLAG)}"
 
 
 def append(table: str, source: str, columns: Sequence[str]) -> str:
