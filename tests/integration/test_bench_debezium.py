@@ -64,6 +64,10 @@ def test_debezium_postgres_streams_the_workload_from_its_first_row(
 
 def test_debezium_mariadb_streams_from_the_workload_position(
         built: None, maria_server: MariaDBServer, maria_db: str, tmp_path: Path) -> None:
+    # another database on the server with a type Debezium's DDL parser refuses: only captured DDL is read
+    other = f"{maria_db}_other"
+    maria_server.sql(f"CREATE DATABASE IF NOT EXISTS {other}", maria_db)
+    maria_server.sql("CREATE TABLE IF NOT EXISTS ip (id int PRIMARY KEY, a inet4)", other)
     maria_server.sql(workloads.MARIA_NARROW, maria_db)
     maria_server.sql(workloads.MARIA_WIDE, maria_db)
     workloads.maria_insert_narrow(maria_server, maria_db, 1_000_001, 300, 100)  # before the preset position
