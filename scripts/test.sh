@@ -14,4 +14,5 @@ echo "== mypy --strict cdcd"; .venv/bin/mypy cdcd
 workers=${CDCD_TEST_WORKERS:-3}
 parallel=()
 [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
-echo "== pytest"; exec .venv/bin/pytest -p no:cacheprovider "${parallel[@]}" "${@:-tests}"
+# --durations: the slowest tests at the end of every run, to keep the suite time in view (docs/testing.md)
+echo "== pytest"; exec .venv/bin/pytest -p no:cacheprovider --durations=25 "${parallel[@]}" "${@:-tests}"
