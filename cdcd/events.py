@@ -210,6 +210,9 @@ class MarkKind(enum.StrEnum):
     SCHEMA = "schema"  # a table's new schema (MySQL schema history)
     DDL = "ddl"  # DDL on a captured table that changes no tracked schema
     IDENTITY = "identity"  # the server the positions belong to (PostgreSQL system id/timeline, MySQL server/epoch)
+    # a whole-table incremental snapshot is complete: the table's landed rows below ``detail["below"]`` (the first
+    # chunk's low watermark) that nothing re-sent are gone from the source (docs/landing-format.md)
+    SNAPSHOT_COVERED = "snapshot_covered"
 
 
 @dataclass(slots=True)
