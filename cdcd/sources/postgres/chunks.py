@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -82,6 +82,8 @@ class PgChunkReader:
         self._lag_timeout_s = lag_timeout_s
         self._read_conn: Any = None
         self._mark_conn: Any = None
+        #: Called between the chunk's read and its HW (tests change the chunk's rows there, on the real server).
+        self.after_read: Callable[[SnapshotJob], Awaitable[None]] | None = None
 
     async def _conns(self) -> tuple[Any, Any]:
         for name in ("_read_conn", "_mark_conn"):
@@ -111,6 +113,8 @@ class PgChunkReader:
         finally:
             with contextlib.suppress(Exception):
                 await conn.execute("ROLLBACK")  # read only: nothing to keep
+        if self.after_read is not None:
+            await self.after_read(job)
         hw = await catalog.emit_heartbeat(marks)
         names = shape.schema.column_names
         key_fields = [names.index(k) for k in info.key]
@@ -123,7 +127,7 @@ class PgChunkReader:
 
     async def _wait_committing(self, conn: Any) -> None:
         """Wait until no transaction is both committed in the commit log and still listed as running."""
-        query = ("SELECT coalesce(array_agg(x::text), '{}') FROM unnest(pg_snapshot_xip(pg_current_snapshot())) x "
+        query = ("SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x "
                  "WHERE pg_xact_status(x) = 'committed'")
         waiting = set(await conn.fetchval(query))
         loop = asyncio.get_running_loop()
@@ -136,7 +140,7 @@ class PgChunkReader:
                     "answering?); the chunk is read again later")
             await asyncio.sleep(_LAG_POLL_S)
             still = set(await conn.fetchval(
-                "SELECT coalesce(array_agg(x::text), '{}') FROM unnest(pg_snapshot_xip(pg_current_snapshot())) x"))
+                "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x"))
             waiting &= still
 
     def job_error(self, exc: BaseException) -> str | None:
