@@ -143,3 +143,97 @@ async def test_incremental_snapshot_under_a_concurrent_workload_equals_the_sourc
     assert progress == [{"table": "public.t", "where": None, "state": "done", "chunks": len(chunks),
                          "rows": sum(c.detail["rows"] for c in chunks), "last_key": chunks[-1].detail["last_key"],
                          "error": None}]
+
+
+async def test_a_restart_resumes_after_the_last_committed_chunk(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 1000) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.t"], snapshot={"mode": "never", "chunk_rows": 100})
+    async with Driver(cfg) as d:
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        source_of(d).request_snapshot("public.t")
+        got += await d.take(lambda items: len(marks(items, MarkKind.INCREMENTAL_CHUNK)) == 3)
+        third = max(i for i, item in enumerate(d.pending) if isinstance(item, Mark)
+                    and item.kind is MarkKind.INCREMENTAL_CHUNK)
+        committed = list(d.pending[:third + 1])
+        await d.commit(third + 1)
+        state, position = d.state, d.position
+    assert state["incremental"]["public.t"] == {"where": None, "last_key": ["300"], "rows": 300, "chunks": 3,
+                                                "lw": state["incremental"]["public.t"]["lw"], "status": "running"}
+    sql("DELETE FROM t WHERE id IN (5, 500); UPDATE t SET v = 0 WHERE id = 600")
+    async with Driver(cfg, position, state) as d:
+        more = await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        await catch_up(d, dsn, more)
+    rows = [i for i in more if isinstance(i, ChangeEvent) and i.snapshot]
+    assert min(r.key for r in rows) == (301,), "the restart read again what the checkpoint held"
+    assert not marks(more, MarkKind.INCREMENTAL_START)
+    covered = marks(more, MarkKind.SNAPSHOT_COVERED)
+    assert len(covered) == 1 and covered[0].detail["below"].to_json() == state["incremental"]["public.t"]["lw"]
+    assert replay(committed + more) == await source_rows(dsn)
+
+
+async def test_a_table_added_to_source_tables_is_snapshotted_while_streaming_and_a_removed_one_stops(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 500) g")
+    dsn = pg_server.dsn(pg_db)
+    async with Driver(make_config(["public.a"], snapshot={"mode": "never", "chunk_rows": 100})) as d:
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        await d.commit()
+        state, position = d.state, d.position
+    assert state["tables"] == ["public.a"]
+    sql("INSERT INTO t VALUES (1000, 1, 'before the restart')")
+    async with Driver(make_config(["public.t"], snapshot={"mode": "never", "chunk_rows": 100}), position,
+                      state) as d:
+        got = await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        sql("INSERT INTO a VALUES (1, 1); UPDATE t SET v = -1 WHERE id = 1")
+        await catch_up(d, dsn, got)
+        await d.commit()
+        state = d.state
+    assert [m.detail for m in marks(got, MarkKind.INCREMENTAL_START)] == [{"table": "public.t", "where": None}]
+    assert marks(got, MarkKind.TABLES)[0].detail == {"tables": ["public.t"]}
+    assert state["tables"] == ["public.t"] and state["incremental"]["public.t"]["status"] == "done"
+    assert not [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "a"], "a removed table streamed"
+    assert replay(got) == await source_rows(dsn)
+    assert pg_server.psql(f"SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables "
+                          f"WHERE pubname = 'p_{pg_db}'", pg_db) == "a,t"
+
+
+async def test_a_publication_cdcd_did_not_create_is_not_changed(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql(f"CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p_{pg_db} "
+        "FOR TABLE a")
+    with pytest.raises(Exception, match=rf"does not cover \"public\".\"t\", and cdcd did not create it.*run: "
+                                        rf"ALTER PUBLICATION \"p_{pg_db}\" ADD TABLE \"public\".\"t\""):
+        async with Driver(make_config(["public.a", "public.t"], snapshot=NEVER)):
+            pass
+
+
+async def test_reload_tables_on_the_running_source_and_a_where_snapshot(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 400) g")
+    dsn = pg_server.dsn(pg_db)
+    async with Driver(make_config(["public.a"], snapshot={"mode": "never", "chunk_rows": 50})) as d:
+        src = source_of(d)
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        with pytest.raises(ConfigError, match="must be written as 'schema.table'"):
+            src.reload_tables(["nodot"])
+        src.reload_tables(["public.a", "public.t"])
+        got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        src.request_snapshot("public.t", "v % 100 = 0")
+        sql("UPDATE t SET v = 7 WHERE id = 200")  # may land before, inside or after the WHERE snapshot's chunk
+        where_items = await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        await catch_up(d, dsn, where_items)
+        progress = src.snapshot_progress()
+    assert replay(got + where_items) == await source_rows(dsn)
+    assert not marks(where_items, MarkKind.SNAPSHOT_COVERED), "a WHERE snapshot covers no whole table"
+    reread = {i.key for i in where_items if isinstance(i, ChangeEvent) and i.snapshot}
+    assert reread <= {(k,) for k in range(100, 401, 100)} and len(reread) >= 3
+    assert [(p["table"], p["where"], p["state"]) for p in progress] == [
+        ("public.t", None, "done"), ("public.t", "v % 100 = 0", "done")]
