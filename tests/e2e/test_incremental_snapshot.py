@@ -92,7 +92,7 @@ def writes(s: Setup, stop: threading.Event, counts: dict[str, int]) -> None:
         # a key change's target is checked with a different random key: a clash aborts the transaction, fine
         try:
             s.sql("BEGIN; " + "; ".join(stmts) + "; COMMIT")
-        except Exception:  # noqa: BLE001 - a unique violation of a key change: the transaction is rolled back
+        except Exception:  # a unique violation of a key change: the transaction is rolled back
             counts["aborted"] = counts.get("aborted", 0) + 1
 
 
@@ -111,7 +111,8 @@ def test_table_added_on_restart_snapshotted_while_streaming_survives_sigkill(set
         s.start("consumed", snapshot={"mode": "never"})
         acked, last = 0, 0
         while acked < 300:  # play the consumer: batches are acked only once consumed
-            fresh = s.wait("a batch landed", lambda: [b for b in s.batches() if not b.consumed and b.seq > last])
+            fresh = s.wait("a batch landed", lambda seen=last: [b for b in s.batches()
+                                                                if not b.consumed and b.seq > seen])
             for b in fresh:
                 mark_consumed(s.landing, b.seq)
                 data = b.tables.get(TableId("public", "t"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -70,7 +71,7 @@ def replay(items: list[Item]) -> dict[tuple[Any, ...], dict[str, Any]]:
 
 def in_position_order(items: list[Item]) -> bool:
     positions = [i.position for i in items if not (isinstance(i, Mark) and i.kind is MarkKind.IDENTITY)]
-    return all(a <= b for a, b in zip(positions, positions[1:], strict=False))
+    return all(a <= b for a, b in itertools.pairwise(positions))
 
 
 async def catch_up(d: Driver, dsn: str, got: list[Item]) -> None:
@@ -222,7 +223,7 @@ async def test_reload_tables_on_the_running_source_and_a_where_snapshot(
         src = source_of(d)
         got: list[Item] = []
         await catch_up(d, dsn, got)
-        with pytest.raises(ConfigError, match="must be written as 'schema.table'"):
+        with pytest.raises(ConfigError, match=r"must be written as 'schema\.table'"):
             src.reload_tables(["nodot"])
         src.reload_tables(["public.a", "public.t"])
         got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
