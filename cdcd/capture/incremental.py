@@ -30,6 +30,9 @@ from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId
 from cdcd.positions import Position, position_from_json
 from cdcd.retry import source_backoff
 
+#: How long a read chunk waits for the stream to reach its HW before the reader is asked to look (an idle binlog).
+POKE_S = 0.5
+
 
 @dataclass
 class SnapshotJob:
@@ -37,7 +40,7 @@ class SnapshotJob:
 
     table: TableId
     where: str | None = None
-    last_key: list[str] | None = None  # the server's text of the last chunk's last key: resume after it
+    last_key: list[Any] | None = None  # the last chunk's last key as the source keeps it (JSON): resume after it
     rows: int = 0  # rows emitted (chunk rows no streamed change superseded)
     chunks: int = 0
     below: Position | None = None  # the first chunk's low watermark (SNAPSHOT_COVERED's bound)
@@ -58,7 +61,7 @@ class Chunk:
     schema: TableSchema
     data: pa.Table
     key_text: tuple[pa.Array | None, ...] | None
-    last_key: list[str] | None  # resume key (None: the chunk was empty)
+    last_key: list[Any] | None  # resume key (None: the chunk was empty)
     lw: Position
     hw: Position
     last: bool  # fewer rows than asked for: the table (or the WHERE range) ends here
@@ -71,6 +74,11 @@ class ChunkReader(Protocol):
 
     async def read(self, job: SnapshotJob, limit: int) -> Chunk:
         """LW, the chunk after ``job.last_key`` (at most ``limit`` rows, matching ``job.where``), HW."""
+        ...
+
+    def poke(self, chunk: Chunk) -> None:
+        """The stream delivered nothing at or after ``chunk.hw`` for a while: if it is idle past the HW, hand it an
+        item there (MariaDB: a WATERMARK mark); nothing to do where the HW is itself a stream item (PostgreSQL)."""
         ...
 
     def job_error(self, exc: BaseException) -> str | None:
@@ -311,7 +319,11 @@ class Incremental:
             if retry.attempts:
                 retry.success()
             self.pending = chunk
-            await chunk.emitted.wait()  # the stream reached the HW: one chunk in memory at a time
+            while not chunk.emitted.is_set():  # the stream reaches the HW: one chunk in memory at a time
+                try:
+                    await asyncio.wait_for(chunk.emitted.wait(), POKE_S)
+                except TimeoutError:
+                    self.reader.poke(chunk)
             if chunk.last:
                 job.state = "done"
                 self._log.info("incremental snapshot done", table=str(job.table), rows=job.rows,
@@ -342,6 +354,33 @@ class Incremental:
             self._out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": str(job.table), "failed": why}))
         self.finished.append(job)
         self.current, self.window = None, None
+
+
+def plan_tables(state: Mapping[str, Any], configured: list[TableId], fresh: bool, at: Position,
+                log: Any) -> tuple[list[Mark], list[SnapshotJob]]:
+    """At connect: compare ``source.tables`` with the captured list the checkpoint holds (``fresh``: a first start
+    or a new snapshot, every table is in it). A table added gets its INCREMENTAL_START before the new TABLES list,
+    so a crash cannot record it as captured without its snapshot; a table removed stops being captured. Returns
+    the marks to announce and the jobs to run: the checkpoint's running ones, then the added tables'."""
+    held = None if fresh else state.get("tables")
+    if held is None and not fresh:
+        # A checkpoint from before the list was kept: the initial snapshot's tables, else the configured list.
+        done = (state.get("snapshot") or {}).get("tables") or {}
+        held = list(done) if done else [str(t) for t in configured]
+    captured = [TableId.parse(n) for n in held] if held is not None else list(configured)
+    added = [t for t in configured if t not in captured]
+    marks = [Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}) for t in added]
+    jobs = [] if fresh else jobs_from_state(state, configured)
+    jobs += [SnapshotJob(t, None, started=True) for t in added]
+    if added or held is None or captured != configured:
+        marks.append(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in configured]}))
+    if added:
+        log.info("tables added to source.tables: snapshotting them incrementally while streaming",
+                 tables=[str(t) for t in added])
+    gone = [str(t) for t in captured if t not in configured]
+    if gone:
+        log.info("tables removed from source.tables: no longer captured (what was landed stays)", tables=gone)
+    return marks, jobs
 
 
 def check_table(name: str, configured: list[TableId]) -> TableId:

@@ -143,6 +143,9 @@ class PgChunkReader:
                 "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x"))
             waiting &= still
 
+    def poke(self, chunk: Chunk) -> None:
+        """Nothing to do: the HW is a logical message, which the stream delivers even when idle."""
+
     def job_error(self, exc: BaseException) -> str | None:
         # SQL the server rejects (class 42: a bad WHERE, a column or table gone; class 22: a bad value in it):
         # the request's fault; reading again cannot help.

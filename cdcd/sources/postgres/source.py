@@ -18,7 +18,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import SnapshotJob, check_table, jobs_from_state
+from cdcd.capture.incremental import SnapshotJob, check_table, plan_tables
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -176,32 +176,13 @@ class PostgresSource(Source):
         return self._resume_position or self._watermark
 
     def _table_marks(self, state: dict[str, Any]) -> list[Item]:
-        """Compare ``source.tables`` with the captured list the checkpoint holds: a table added is snapshotted
-        incrementally while streaming (its INCREMENTAL_START first, so a crash cannot lose it), a table removed
-        stops being captured. Resumes the incremental snapshots the checkpoint holds as running."""
+        """Tables added to or removed from source.tables since the checkpoint (``plan_tables``); resumes the
+        incremental snapshots the checkpoint holds as running."""
         fresh = self._start_mark is not None  # a first start or a new snapshot: every table is in it
-        held = None if fresh else state.get("tables")
-        if held is None and not fresh:
-            # A checkpoint from before the list was kept: the initial snapshot's tables, else the configured list.
-            done = (state.get("snapshot") or {}).get("tables") or {}
-            held = list(done) if done else [str(t) for t in self._tables]
-        captured = [TableId.parse(n) for n in held] if held is not None else list(self._tables)
-        added = [t for t in self._tables if t not in captured]
-        at = self._last_position()
-        marks: list[Item] = [Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}) for t in added]
-        jobs = [] if fresh else jobs_from_state(state, self._tables)
-        jobs += [SnapshotJob(t, None, started=True) for t in added]
+        marks, jobs = plan_tables(state, self._tables, fresh, self._last_position(), log)
         self._incr.resume(jobs)
         self._incr.dropped = set()
-        if added or held is None or [TableId.parse(n) for n in held] != self._tables:
-            marks.append(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in self._tables]}))
-        if added:
-            log.info("tables added to source.tables: snapshotting them incrementally while streaming",
-                     tables=[str(t) for t in added])
-        gone = [str(t) for t in captured if t not in self._tables]
-        if gone:
-            log.info("tables removed from source.tables: no longer captured (what was landed stays)", tables=gone)
-        return marks
+        return list(marks)
 
     # ------------------------------------------------------------ operator requests (issue 13)
 
