@@ -32,6 +32,8 @@ from cdcd.events import Item, Mark, MarkKind, snapshot_truncates
 from cdcd.positions import Position
 from cdcd.retry import source_backoff
 
+_UNORDERED = (MarkKind.IDENTITY, MarkKind.WATERMARK)
+
 
 class CaptureCoordinator:
     """Runs a source's plan; one per source object, kept across the runtime's reconnects."""
@@ -108,10 +110,13 @@ class CaptureCoordinator:
                 last = self.last
                 async for item in stream.run(reconnect):
                     pos = item.position
+                    # identity marks describe the connection, watermark marks an idle binlog's position (several
+                    # chunks may share it): neither is a streamed item the skip rule or ``last`` is about
+                    passes = type(item) is Mark and item.kind in _UNORDERED
                     if last is not None and pos <= last:  # type: ignore[operator]
-                        if type(item) is not Mark or item.kind is not MarkKind.IDENTITY:
+                        if not passes:
                             continue  # delivered before the reconnect
-                    elif type(item) is not Mark or item.kind is not MarkKind.IDENTITY:
+                    elif not passes:
                         self.last = last = pos
                         self.last_item = item
                     if retry.attempts:
@@ -120,8 +125,8 @@ class CaptureCoordinator:
                         before, keep = incr.before(item)
                         for extra in before:
                             yield extra
-                        if not keep:
-                            continue
+                        if not keep or (type(item) is Mark and item.kind is MarkKind.WATERMARK):
+                            continue  # a removed table's change; a watermark only wakes a pending chunk
                     yield item
                 if self._closing:
                     return

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aiomysql
@@ -58,6 +59,8 @@ class MyChunkReader:
     def __init__(self, src: MySqlSource) -> None:
         self._src = src
         self._conn: aiomysql.Connection | None = None
+        #: Called between the chunk's read and its HW (tests change the chunk's rows there, on the real server).
+        self.after_read: Callable[[SnapshotJob], Awaitable[None]] | None = None
 
     async def _connection(self) -> aiomysql.Connection:
         if self._conn is None or self._conn.closed:
@@ -115,6 +118,9 @@ class MyChunkReader:
             async with asyncio.timeout(timeout):
                 await cur.close()
                 await self._rows(conn, "COMMIT")
+            if self.after_read is not None:
+                await self.after_read(job)
+            async with asyncio.timeout(timeout):
                 async with conn.cursor(aiomysql.DictCursor) as dcur:
                     await dcur.execute("SHOW MASTER STATUS")
                     end = parse_binlog_status(await dcur.fetchone())
