@@ -178,3 +178,29 @@ async def test_an_idle_binlog_still_delivers_the_chunks_and_a_restart_resumes(
     rows = [i for i in more if isinstance(i, ChangeEvent) and i.snapshot]
     assert min(r.key for r in rows) == (301,), "the restart read again what the checkpoint held"
     assert replay(committed + more) == await source_rows(maria_server, maria_db)
+
+
+async def test_a_table_added_to_source_tables_is_snapshotted_while_streaming(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE s (id int PRIMARY KEY)",
+        "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+        "INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_500")
+    async with Driver(make_config(["a", "s"], snapshot={"mode": "never", "chunk_rows": 100})) as d:
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        await d.commit()
+        state, position = d.state, d.position
+    assert state["tables"] == [f"{maria_db}.a", f"{maria_db}.s"]
+    sql("INSERT INTO t VALUES (1000, 1, 'before')", "INSERT INTO a VALUES (1)")
+    async with Driver(make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 100}), position, state) as d:
+        got = await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=60)
+        sql("INSERT INTO a VALUES (2)", "UPDATE t SET v = -1 WHERE id = 1")
+        await catch_up(d, maria_server, maria_db, got)
+        await d.commit()
+        state = d.state
+    assert [m.detail for m in marks(got, MarkKind.INCREMENTAL_START)] == [{"table": f"{maria_db}.t", "where": None}]
+    assert state["tables"] == [f"{maria_db}.s", f"{maria_db}.t"]
+    assert state["incremental"][f"{maria_db}.t"]["status"] == "done"
+    assert not [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "a"], "a removed table streamed"
+    assert replay(got) == await source_rows(maria_server, maria_db)
