@@ -175,7 +175,10 @@ class MySqlSource(Source):
                 or MySqlPosition.epoch_start(self._epoch, "")
             marks, jobs = plan_tables(resume.state or {}, sorted(self.tables), fresh, at, log)
             self._incr.resume(jobs)
-            plan.announce.extend(marks)
+            if snapshot is not None and snapshot.fresh:
+                snapshot.then = marks  # after the snapshot's start, at its watermark
+            else:
+                plan.announce.extend(marks)
         self._coord.start(CapturePlan(announce=plan.announce, snapshot=snapshot,
                                       stream=self._stream if plan.stream else None))
         self._coord.connected = True

@@ -182,6 +182,8 @@ class PostgresSource(Source):
         marks, jobs = plan_tables(state, self._tables, fresh, self._last_position(), log)
         self._incr.resume(jobs)
         self._incr.dropped = set()
+        if fresh:  # the start mark carries the table list (``_begin``); nothing else is due
+            return []
         return list(marks)
 
     # ------------------------------------------------------------ operator requests (issue 13)
@@ -268,7 +270,9 @@ class PostgresSource(Source):
         name = self._slot if slot == "" else slot
         self._watermark = PgPosition(watermark, 0)
         self._stream.flush_lsn = watermark
-        detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark)}
+        # the captured list rides on the start mark: a fresh start captures every configured table
+        detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark),
+                                  "tables": [str(t) for t in self._tables]}
         if self._system:
             detail["system"] = dict(self._system)
         kind = MarkKind.SNAPSHOT_START if snapshot else MarkKind.STREAM_START

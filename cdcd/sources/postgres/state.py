@@ -108,6 +108,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
         elif kind in (MarkKind.SNAPSHOT_START, MarkKind.STREAM_START):
             new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]),
                               kind == MarkKind.SNAPSHOT_START, item.detail.get("system"))
+            if item.detail.get("tables") is not None:
+                new["tables"] = list(item.detail["tables"])
             snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables
