@@ -445,6 +445,11 @@ class MySqlSource(Source):
                               "for a consistent snapshot without a global read lock)")
         self._incr.request(check_table(table, sorted(self.tables)), where)
 
+    def reload_tables(self, tables: list[str]) -> None:
+        raise ConfigError("table reload: the MariaDB/MySQL source reads the binlog with a table filter built when it "
+                          "connects; restart cdcd (`cdcd stop`, then `cdcd run`) to capture the new source.tables: "
+                          "added tables are then snapshotted incrementally while it streams")
+
     def snapshot_progress(self) -> list[dict[str, Any]]:
         return self._incr.progress()
 
