@@ -99,7 +99,7 @@ class CaptureCoordinator:
             async for item in self._stream(stream, incr if incr.reader is not None else None):
                 yield item
         finally:
-            await incr.stop()
+            incr.stop()
 
     async def _stream(self, stream: StreamReader, incr: Incremental | None) -> AsyncIterator[Item]:
         retry = source_backoff(self._config, stream.what)

@@ -173,6 +173,9 @@ class Incremental:
     def resume(self, jobs: list[SnapshotJob]) -> None:
         """The checkpoint's running jobs (already started), then the jobs of this process the checkpoint does
         not hold yet (their uncommitted progress is read again)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()  # a reconnect: the old run's stream is gone (its connections are closed by terminate)
         held = {j.table for j in jobs}
         keep = [j for j in (*([self.current] if self.current else []), *self.jobs)
                 if j.table not in held and j.state in ("queued", "running")]
@@ -210,16 +213,12 @@ class Incremental:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="cdcd-incremental")
 
-    async def stop(self) -> None:
+    def stop(self) -> None:
+        """The stream ends (a stop, a reconnect): cancel the chunk task (no wait: whoever is stopping the reader
+        must not wait on a chunk read); the job in progress goes back to the queue, resumed from its progress."""
         task, self._task = self._task, None
-        if task is not None:
+        if task is not None and not task.done():
             task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            except BaseException as exc:  # already handed to the stream through ``_error``
-                self._log.debug("incremental snapshot task ended", error=str(exc))
         self.pending = None
         if self.current is not None:  # read again by the next run, from the checkpoint's progress
             self.jobs.appendleft(self.current)

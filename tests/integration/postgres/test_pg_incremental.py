@@ -238,3 +238,38 @@ async def test_reload_tables_on_the_running_source_and_a_where_snapshot(
     assert reread <= {(k,) for k in range(100, 401, 100)} and len(reread) >= 3
     assert [(p["table"], p["where"], p["state"]) for p in progress] == [
         ("public.t", None, "done"), ("public.t", "v % 100 = 0", "done")]
+
+
+async def test_connections_dropped_mid_snapshot_are_retried_and_the_result_stays_exact(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 2000) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.t"], snapshot={"mode": "never", "chunk_rows": 100},
+                      runtime={"reconnect_max_s": 0.2})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        killed: list[int] = []
+        killer = await asyncpg.connect(dsn)
+
+        async def drop_everything(job: SnapshotJob) -> None:
+            await killer.execute("UPDATE t SET v = v + 1 WHERE id = $1", int(job.last_key[0]) + 1 if job.last_key
+                                 else 1)
+            if job.chunks in (2, 5) and job.chunks not in killed:  # between a read and its HW: every connection
+                killed.append(job.chunks)
+                await killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                     "WHERE datname = $1 AND pid <> pg_backend_pid()", pg_db)
+
+        src._chunks.after_read = drop_everything
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        src.request_snapshot("public.t")
+        try:
+            got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=120)
+            await catch_up(d, dsn, got)
+        finally:
+            await killer.close()
+        progress = src.snapshot_progress()
+    assert killed == [2, 5] and src._coord.reconnects >= 2
+    assert progress[0]["state"] == "done"
+    assert replay(got) == await source_rows(dsn)
