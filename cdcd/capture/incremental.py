@@ -165,6 +165,7 @@ class Incremental:
         self._work: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
         self._wake = asyncio.Event()
         self._error: BaseException | None = None
+        self.reload_error: str | None = None  # why the last table reload failed (None: it worked, or none yet)
         self._task: asyncio.Task[None] | None = None
         self.last: Callable[[], Position | None] = lambda: None  # the coordinator's last delivered position
 
@@ -291,8 +292,15 @@ class Incremental:
         retry = source_backoff(self._config, f"incremental snapshot reads on {self._where}")
         while True:
             while self._work:
-                await self._work[0]()
-                self._work.popleft()
+                work = self._work.popleft()
+                try:
+                    await work()
+                    self.reload_error = None
+                except Exception as exc:  # a reload that cannot be done (a publication cdcd may not change):
+                    # the stream goes on with the tables it had; the error is logged and in /status
+                    self.reload_error = str(exc) or repr(exc)
+                    self._log.error("table reload failed; still capturing the previous tables",
+                                    error=self.reload_error)
             if self.current is None:
                 if not self.jobs:
                     self._wake.clear()

@@ -351,6 +351,8 @@ class PostgresSource(Source):
             out["timeline"] = self._system.get("timeline")
         if self._incr.busy or self._incr.finished:
             out["incremental_snapshots"] = self._incr.progress()
+        if self._incr.reload_error:
+            out["table_reload_error"] = self._incr.reload_error
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from pg_helpers import Driver, apply, marks
+from pg_helpers import Driver, apply, marks, wait_for
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
@@ -273,3 +273,22 @@ async def test_connections_dropped_mid_snapshot_are_retried_and_the_result_stays
     assert killed == [2, 5] and src._coord.reconnects >= 2
     assert progress[0]["state"] == "done"
     assert replay(got) == await source_rows(dsn)
+
+
+async def test_a_reload_the_publication_cannot_take_fails_softly(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql(f"CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p_{pg_db} "
+        "FOR TABLE a")
+    dsn = pg_server.dsn(pg_db)
+    async with Driver(make_config(["public.a"], snapshot=NEVER)) as d:
+        src = source_of(d)
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        src.reload_tables(["public.a", "public.t"])
+        sql("INSERT INTO a VALUES (1)")
+        got = await d.take(lambda items: any(isinstance(i, ChangeEvent) and i.table.name == "a" for i in items))
+        await catch_up(d, dsn, got)
+        await wait_for(lambda: bool(src.status().get("table_reload_error")), what="the reload's error in the status")
+        status = src.status()
+    assert f'run: ALTER PUBLICATION "p_{pg_db}" ADD TABLE "public"."t"' in status["table_reload_error"]
+    assert not marks(got, MarkKind.TABLES) and src.snapshot_progress() == []
