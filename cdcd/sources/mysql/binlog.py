@@ -167,6 +167,9 @@ class BinlogReader:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.events_read = 0
+        # (binlog file, position) the reader has read and handed on up to (heartbeats included): where an
+        # incremental snapshot's HW on an idle binlog is known to be reached (cdcd/sources/mysql/chunks.py)
+        self.read_upto: tuple[str, int] | None = None
         self.last_read = time.monotonic()  # when the last event or heartbeat arrived: names a stall
         self.thread_ids: list[int] = []  # server connection ids, to end the dump thread on close
 
@@ -222,21 +225,25 @@ class BinlogReader:
                 self.events_read += 1
                 self.last_read = time.monotonic()
                 if type(ev) is bl.HeartbeatLogEvent:
+                    self.read_upto = (decoder.file, int(ev.packet.log_pos))
                     if held is not None and time.monotonic() - last_sent >= IDLE_MARK_INTERVAL_S:
                         self.channel.put_many([held])
                         held, last_sent = None, time.monotonic()
                     continue
                 items = decoder.feed(ev)
                 if not items:
+                    self.read_upto = (decoder.file, int(ev.packet.log_pos))
                     continue
                 if len(items) == 1 and type(items[0]) is Mark and items[0].kind == MarkKind.COMMIT \
                         and not items[0].detail["events"]:
                     held = items[0]
                     if time.monotonic() - last_sent < IDLE_MARK_INTERVAL_S:
+                        self.read_upto = (decoder.file, int(ev.packet.log_pos))  # held: only progress
                         continue
                     held = None
                 self.channel.put_many(items)
                 last_sent = time.monotonic()
+                self.read_upto = (decoder.file, int(ev.packet.log_pos))  # after its items are handed on
             if not self.channel.stopping:
                 # A blocking dump never ends by itself: the server sent EOF (it is shutting down, or RESET MASTER
                 # removed the binlog being read). Never a clean end: reconnect, which checks the server's binlog.

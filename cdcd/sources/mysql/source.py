@@ -23,12 +23,14 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan, Replan
 from cdcd.capture.coordinator import CaptureCoordinator
+from cdcd.capture.incremental import check_table, plan_tables
 from cdcd.config import Config
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import MySqlPosition, Position
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import Channel, StartPoint
+from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
@@ -74,7 +76,11 @@ class MySqlSource(Source):
         self.gtid_mode = False
         self.history = SchemaHistory()
         self._ctl: aiomysql.Connection | None = None
-        self._coord = CaptureCoordinator(config, log)
+        self._coord = CaptureCoordinator(config, log, where=f"{config.source.kind} {self.conn.where}")
+        # Incremental snapshots while streaming (cdcd/capture/incremental.py): MariaDB's chunk reads.
+        self._chunks = MyChunkReader(self)
+        self._incr = self._coord.incremental
+        self._incr.last = self._last_position
         self._stream = MySqlStream(self, self._coord, None)
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
         self._epoch = 0  # the position epoch of the server streamed from (cdcd.positions.MySqlPosition)
@@ -161,6 +167,18 @@ class MySqlSource(Source):
             snapshot = MySqlSnapshot(self, plan.snapshot_tasks, plan.watermark, plan.fresh_snapshot)
             self._snapshot = snapshot
         self._stream.start = plan.start
+        if plan.stream:
+            self._incr.reader = self._chunks
+            fresh = plan.fresh_snapshot or not resume.state or \
+                any(isinstance(m, Mark) and m.kind is MarkKind.STREAM_START for m in plan.announce)
+            at = self._resume_pos or (resume.position if isinstance(resume.position, MySqlPosition) else None) \
+                or MySqlPosition.epoch_start(self._epoch, "")
+            marks, jobs = plan_tables(resume.state or {}, sorted(self.tables), fresh, at, log)
+            self._incr.resume(jobs)
+            if snapshot is not None and snapshot.fresh:
+                snapshot.then = marks  # after the snapshot's start, at its watermark
+            else:
+                plan.announce.extend(marks)
         self._coord.start(CapturePlan(announce=plan.announce, snapshot=snapshot,
                                       stream=self._stream if plan.stream else None))
         self._coord.connected = True
@@ -417,6 +435,24 @@ class MySqlSource(Source):
                 tls_check(self.tls, tls_status.get("ssl_version", ""), tls_status.get("ssl_cipher", "")),
                 *evaluate(facts)]
 
+    # ------------------------------------------------------------ operator requests (issue 13)
+
+    def request_snapshot(self, table: str, where: str | None = None) -> None:
+        if self.config.snapshot.mode == "initial_only":
+            raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
+        if self.flavor != "mariadb":
+            raise ConfigError("snapshot request: incremental snapshots need MariaDB (MySQL reports no binlog position "
+                              "for a consistent snapshot without a global read lock)")
+        self._incr.request(check_table(table, sorted(self.tables)), where)
+
+    def reload_tables(self, tables: list[str]) -> None:
+        raise ConfigError("table reload: the MariaDB/MySQL source reads the binlog with a table filter built when it "
+                          "connects; restart cdcd (`cdcd stop`, then `cdcd run`) to capture the new source.tables: "
+                          "added tables are then snapshotted incrementally while it streams")
+
+    def snapshot_progress(self) -> list[dict[str, Any]]:
+        return self._incr.progress()
+
     def status(self) -> dict[str, Any]:
         coord = self._coord
         out: dict[str, Any] = {"connected": coord.connected, "phase": coord.phase, "flavor": self.flavor,
@@ -429,10 +465,13 @@ class MySqlSource(Source):
             out["snapshot"] = {t: {"rows": p.rows, "total_estimate": p.total_estimate, "done": p.done}
                                for t, p in snap.progress.items()}
         out.update(self._stream.status())
+        if self._incr.busy or self._incr.finished:
+            out["incremental_snapshots"] = self._incr.progress()
         return out
 
     async def close(self) -> None:
         self._coord.close()
+        await self._chunks.close()
         reader = self._stream.stop()
         if reader is not None:
             await asyncio.get_running_loop().run_in_executor(None, reader.join, 5.0)
@@ -446,6 +485,7 @@ class MySqlSource(Source):
 
     def terminate(self) -> None:
         self._coord.close()
+        self._chunks.terminate()
         self._stream.stop()
         if self._snapshot is not None:
             self._snapshot.terminate()

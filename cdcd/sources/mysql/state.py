@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
 from cdcd.errors import CheckpointFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId
 from cdcd.positions import MySqlPosition, position_from_json
@@ -87,8 +88,9 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
                 last[str(item.table)] = item
             continue
         if type(item) is RowBlock:
-            # the batcher may have sliced the block: this slice's own last row is what is committed
-            if item.snapshot and item.rows:
+            # the batcher may have sliced the block: this slice's own last row is what is committed; rows of an
+            # incremental snapshot (while streaming) have their own progress (INCREMENTAL_CHUNK)
+            if item.snapshot and item.rows and snap is not None and not snap.get("done"):
                 last[str(item.table)] = item
             continue
         assert isinstance(item, Mark)
@@ -112,6 +114,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             new["stream_start"] = item.position.to_json()
         elif kind == MarkKind.IDENTITY:
             new["server"] = dict(item.detail)
+        elif kind in INCREMENTAL_KINDS:
+            fold_incremental(new, item)
     _flush_keys(tables, last)
     if items:
         # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends

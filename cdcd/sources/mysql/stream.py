@@ -43,6 +43,7 @@ class MySqlSnapshot:
         self._watermark = watermark
         self.fresh = fresh
         self.snapshotter: Snapshotter | None = None
+        self.then: list[Mark] = []  # marks after a fresh snapshot's start, moved to its watermark (the table list)
 
     async def open(self) -> MySqlPosition:
         src, cfg = self._src, self._src.config
@@ -60,7 +61,8 @@ class MySqlSnapshot:
             return []
         assert isinstance(watermark, MySqlPosition)
         start = Mark(MarkKind.SNAPSHOT_START, watermark, {"tables": [str(t.table) for t in self._tasks]})
-        return [start, *self._src._server_marks(watermark)]
+        then = [Mark(m.kind, watermark, m.detail) for m in self.then]
+        return [start, *self._src._server_marks(watermark), *then]
 
     async def schemas(self) -> list[TableSchema]:
         conn = await self._src._control()

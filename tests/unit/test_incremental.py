@@ -1,0 +1,95 @@
+"""The pure parts of incremental snapshots: the window's superseding rule, the fold, PostgreSQL's visibility."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pyarrow as pa
+import pytest
+
+from cdcd.capture.incremental import Chunk, SnapshotJob, Window, check_table, fold_incremental, jobs_from_state
+from cdcd.errors import ConfigError
+from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableId, TableSchema
+from cdcd.positions import PgPosition
+from cdcd.sources.postgres.chunks import invisible_to
+
+T = TableId("public", "t")
+SCHEMA = TableSchema(T, (Column("id", pa.int64(), "int8"), Column("v", pa.int64(), "int8")), ("id",))
+
+
+def ev(op: Op, lsn: int, tx: str, key: int, old: int | None = None) -> ChangeEvent:
+    after = None if op is Op.DELETE else {"id": key, "v": 0}
+    before = {"id": key if old is None else old} if op is not Op.CREATE else None
+    return ChangeEvent(op, SCHEMA, PgPosition(lsn, 1), before, after, tx)
+
+
+def chunk(lw: int, hw: int, invisible: set[str] = frozenset()) -> Chunk:  # type: ignore[assignment]
+    data = pa.table({"id": pa.array(range(1, 11), pa.int64()), "v": pa.array([0] * 10, pa.int64())})
+    return Chunk(SnapshotJob(T), SCHEMA, data, None, ["10"], PgPosition(lw, 0), PgPosition(hw, 0), False,
+                 lambda tx: tx in invisible)
+
+
+def test_changes_after_the_low_watermark_or_unseen_by_the_read_supersede_chunk_rows() -> None:
+    w = Window(T)
+    w.record(ev(Op.UPDATE, 50, "1", 1))  # before the LW, seen by the read: the chunk row stands
+    w.record(ev(Op.DELETE, 60, "2", 2))  # before the LW but the read did not see it: dropped
+    w.record(ev(Op.DELETE, 150, "3", 3))  # between the watermarks: dropped
+    w.record(ev(Op.UPDATE, 160, "4", 40, old=4))  # a key change: both keys
+    w.record(ev(Op.CREATE, 170, "5", 5))
+    keys, truncated = w.touched(chunk(100, 200, {"2"}))
+    assert keys == {(2,), (3,), (40,), (4,), (5,)} and not truncated
+
+
+def test_a_truncate_in_the_window_drops_the_whole_chunk_and_prune_keeps_what_later_reads_need() -> None:
+    w = Window(T)
+    w.record(ChangeEvent(Op.TRUNCATE, SCHEMA, PgPosition(150, 1), tx_id="9"))
+    w.record(ev(Op.UPDATE, 60, "2", 2))  # unseen by this read: a later read may not see it either
+    w.record(ev(Op.UPDATE, 70, "1", 1))  # seen by this read, before its LW
+    c = chunk(100, 200, {"2"})
+    assert w.touched(c) == ({(2,)}, True)
+    w.prune(c)
+    w.record(ev(Op.UPDATE, 250, "3", 3))  # after this HW: the next chunk's business
+    assert w.touched(chunk(300, 400)) == (set(), False)  # both seen by the next read, before its LW
+    assert w.touched(chunk(240, 400)) == ({(3,)}, False)
+
+
+def test_postgres_snapshot_visibility_compares_xids_modulo_2_32() -> None:
+    inv = invisible_to("100:105:100,103")
+    assert [inv(str(x)) for x in (99, 100, 101, 103, 104, 105, 2**32 + 101)] == [False, True, False, True, False,
+                                                                                  True, False]
+    assert inv(None) is False
+    wrapped = invisible_to(f"{2**32 + 5}:{2**32 + 10}:")  # epoch 1: streamed xids are 32-bit
+    assert wrapped("4") is False and wrapped("10") is True and wrapped(str(2**32 - 3)) is False
+
+
+def test_fold_keeps_progress_and_the_captured_list() -> None:
+    lw = PgPosition(100, 0)
+    state: dict[str, object] = {}
+    marks = [Mark(MarkKind.TABLES, lw, {"tables": ["public.t"]}),
+             Mark(MarkKind.INCREMENTAL_START, lw, {"table": "public.t", "where": "v > 1"}),
+             Mark(MarkKind.INCREMENTAL_CHUNK, PgPosition(200, 0),
+                  {"table": "public.t", "last_key": ["10"], "rows": 9, "lw": lw.to_json()}),
+             Mark(MarkKind.INCREMENTAL_CHUNK, PgPosition(300, 0),
+                  {"table": "public.t", "last_key": ["20"], "rows": 10, "lw": PgPosition(250, 0).to_json()})]
+    for m in marks:
+        fold_incremental(state, m)
+    assert state == {"tables": ["public.t"], "incremental": {"public.t": {
+        "where": "v > 1", "last_key": ["20"], "rows": 19, "chunks": 2, "lw": lw.to_json(), "status": "running"}}}
+    jobs = jobs_from_state(state, [T])
+    assert [(j.table, j.where, j.last_key, j.rows, j.chunks, j.below, j.started) for j in jobs] == [
+        (T, "v > 1", ["20"], 19, 2, lw, True)]
+    assert jobs_from_state(state, [TableId("public", "other")]) == []  # removed from source.tables
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, PgPosition(300, 0), {"table": "public.t"}))
+    assert jobs_from_state(state, [T]) == []
+
+
+def test_check_table_names_the_configured_list() -> None:
+    assert check_table("public.t", [T]) == T
+    with pytest.raises(ConfigError, match=r"'public\.x' is not captured; source\.tables lists: public\.t"):
+        check_table("public.x", [T])
+
+
+def test_chunk_event_is_per_chunk() -> None:
+    a, b = chunk(1, 2), chunk(1, 2)
+    a.emitted.set()
+    assert not b.emitted.is_set() and isinstance(a.emitted, asyncio.Event)
