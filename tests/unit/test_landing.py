@@ -287,7 +287,7 @@ async def test_a_version_2_manifest_reads_without_covered_records(tmp_path: Path
 async def test_a_covered_mark_without_its_detail_is_refused(tmp_path: Path) -> None:
     sink = LandingSink(tmp_path, source_kind="postgres")
     await sink.open()
-    with pytest.raises(SinkFatal, match="needs detail 'table' .schema.table. and 'below'"):
+    with pytest.raises(SinkFatal, match=r"needs detail 'table' \(schema.table\) and 'below'"):
         await sink.deliver(Batch(1, [Mark(MarkKind.SNAPSHOT_COVERED, PgPosition(1, 0), {"table": "orders"})]))
     await sink.close()
     assert landed_seqs(tmp_path) == []
