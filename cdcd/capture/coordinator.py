@@ -10,7 +10,9 @@ runs them in that order and owns what is the same for every source:
 * reconnecting the stream with the one backoff (``cdcd.retry.source_backoff``: capped, jittered, a budget after
   which the failure is a ``SourceFatal``);
 * the skip rule after a reconnect: a stream re-read from an earlier point re-sends items; every item at or before
-  the last delivered position is dropped (identity marks excepted: they describe the new connection).
+  the last delivered position is dropped (identity marks excepted: they describe the new connection);
+* incremental snapshots (``incremental.py``): while the stream runs, a task reads chunks between watermarks and
+  the stream loop delivers each chunk's unsuperseded rows when the stream reaches the chunk's high watermark.
 
 The runtime's own rule (streamed rows at or before the checkpoint are dropped and counted as ``events_skipped``)
 stays in the runtime: it is the commit barrier's, and holds for any ``Source``.
@@ -22,7 +24,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cdcd.capture.contracts import CapturePlan, Replan
+from cdcd.capture.contracts import CapturePlan, Replan, StreamReader
+from cdcd.capture.incremental import Incremental
 from cdcd.config import Config
 from cdcd.errors import SourceError
 from cdcd.events import Item, Mark, MarkKind, snapshot_truncates
@@ -33,8 +36,9 @@ from cdcd.retry import source_backoff
 class CaptureCoordinator:
     """Runs a source's plan; one per source object, kept across the runtime's reconnects."""
 
-    def __init__(self, config: Config, log: Any, phase: str = "idle") -> None:
+    def __init__(self, config: Config, log: Any, phase: str = "idle", where: str = "") -> None:
         self._config = config
+        self.incremental = Incremental(config, log, where)  # the source sets its ChunkReader (``reader``)
         self._log = log
         self._plan = CapturePlan()
         self._closing = False
@@ -86,6 +90,16 @@ class CaptureCoordinator:
         self.phase = "streaming"
         if stream is None:
             return
+        incr = self.incremental
+        if incr.reader is not None:
+            incr.start()
+        try:
+            async for item in self._stream(stream, incr if incr.reader is not None else None):
+                yield item
+        finally:
+            await incr.stop()
+
+    async def _stream(self, stream: StreamReader, incr: Incremental | None) -> AsyncIterator[Item]:
         retry = source_backoff(self._config, stream.what)
         transient: tuple[type[BaseException], ...] = (SourceError, *stream.transient)
         reconnect = False
@@ -102,6 +116,12 @@ class CaptureCoordinator:
                         self.last_item = item
                     if retry.attempts:
                         retry.success()
+                    if incr is not None:
+                        before, keep = incr.before(item)
+                        for extra in before:
+                            yield extra
+                        if not keep:
+                            continue
                     yield item
                 if self._closing:
                     return

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdcd.errors import ConfigError
 from cdcd.events import ChangeEvent, Item, event_count
 from cdcd.positions import Position
 
@@ -115,6 +116,25 @@ class Source(abc.ABC):
     def status(self) -> dict[str, Any]:
         """Source-specific figures for /status and metrics (lag, slot, binlog)."""
         return {}
+
+    # -- operator requests on the running source (docs/runtime.md, "Incremental snapshots") --------------
+
+    def request_snapshot(self, table: str, where: str | None = None) -> None:
+        """Queue an incremental snapshot of ``table`` (a captured ``schema.table``), of the rows matching the SQL
+        condition ``where`` if given, read while the stream runs. Raises ``ConfigError`` for a table that is not
+        captured (naming the configured list)."""
+        raise ConfigError(f"the {self.kind} source cannot snapshot a table while it runs")
+
+    def reload_tables(self, tables: list[str]) -> None:
+        """The captured table list is now ``tables`` (what SIGHUP calls after re-reading source.tables): added
+        tables are snapshotted incrementally while streaming, removed ones stop being captured."""
+        raise ConfigError(f"the {self.kind} source cannot change its tables while it runs")
+
+    def snapshot_progress(self) -> list[dict[str, Any]]:
+        """The incremental snapshots of this process, for /status and metrics: one dict per request with
+        ``table``, ``where``, ``state`` (queued, running, done, failed), ``chunks``, ``rows``, ``last_key``,
+        ``error``."""
+        return []
 
 
 class Sink(abc.ABC):

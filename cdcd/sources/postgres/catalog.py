@@ -84,8 +84,12 @@ async def ensure_publication(conn: Any, publication: str, tables: list[TableId],
         names = ", ".join(quote_table(t) for t in tables)
         try:
             # Via the partition root: changes of a partitioned table arrive under its own name, not its leaves'.
-            await conn.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {names} "
-                               "WITH (publish_via_partition_root = true)")
+            # The comment records that cdcd made it, so cdcd may add the tables source.tables gains later.
+            async with conn.transaction():
+                await conn.execute(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE {names} "
+                                   "WITH (publish_via_partition_root = true)")
+                await conn.execute(f"COMMENT ON PUBLICATION {quote_ident(publication)} IS "
+                                   f"{quote_literal(OWN_PUBLICATION)}")
         except asyncpg.UndefinedTableError as exc:
             raise SourceFatal(f"creating publication {publication!r}: {exc}; check source.tables") from exc
         except asyncpg.InsufficientPrivilegeError as exc:
@@ -96,9 +100,15 @@ async def ensure_publication(conn: Any, publication: str, tables: list[TableId],
     missing = [t for t in tables if t not in have]
     if missing:
         names = ", ".join(quote_table(t) for t in missing)
-        raise SourceFatal(
-            f"publication {publication!r} exists but does not cover {names}; "
-            f"run: ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {names}")
+        statement = f"ALTER PUBLICATION {quote_ident(publication)} ADD TABLE {names}"
+        if not await own_publication(conn, publication):
+            raise SourceFatal(f"publication {publication!r} exists but does not cover {names}, and cdcd did not "
+                              f"create it, so it does not change it; run: {statement}")
+        try:
+            await conn.execute(statement)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise SourceFatal(f"adding {names} to publication {publication!r}: {exc}; run as the tables' owner: "
+                              f"{statement}") from exc
     partitioned = [t for t in tables if infos[t].partitioned]
     via_root = await conn.fetchval("SELECT pubviaroot FROM pg_publication WHERE pubname = $1", publication)
     if partitioned and not via_root:
@@ -106,6 +116,17 @@ async def ensure_publication(conn: Any, publication: str, tables: list[TableId],
             f"publication {publication!r} publishes the partitioned table(s) "
             f"{', '.join(quote_table(t) for t in partitioned)} under their partitions' names; "
             f"run: ALTER PUBLICATION {quote_ident(publication)} SET (publish_via_partition_root = true)")
+
+
+#: The comment cdcd puts on a publication it creates: such a publication cdcd may extend (ALTER PUBLICATION ADD).
+OWN_PUBLICATION = "created by cdcd: it adds the tables source.tables gains"
+
+
+async def own_publication(conn: Any, publication: str) -> bool:
+    """Did cdcd create ``publication`` (its comment says so)?"""
+    text = await conn.fetchval("SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+                               publication)
+    return bool(text == OWN_PUBLICATION)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,17 +18,20 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
+from cdcd.capture.incremental import SnapshotJob, check_table, jobs_from_state
 from cdcd.config import Config
-from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import Item, Mark, MarkKind
+from cdcd.errors import ConfigError, SourceError, SourceFatal
+from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import SlotInfo
+from cdcd.sources.postgres.chunks import PgChunkReader
 from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.plan import Step, check_slot, decide
 from cdcd.sources.postgres.replication import ReplicationConnection
+from cdcd.sources.postgres.shape import shape_from_info, warn_unknown
 from cdcd.sources.postgres.snapshot import PgSnapshot, SnapshotReader, SnapshotTable
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
 from cdcd.sources.postgres.stream import PgStream, PgTables
@@ -55,9 +58,13 @@ class PostgresSource(Source):
         self._tables = src.table_ids
         self._mode = config.snapshot.mode
         self._t = PgTables(self._params, self._tables)
-        self._coord = CaptureCoordinator(config, log, phase="streaming")
+        self._coord = CaptureCoordinator(config, log, phase="streaming", where=self._params.where)
         self._stream = PgStream(self._t, self._slot, self._publication, src.postgres.heartbeat_s, self._coord,
                                 self._identity_on_connect)
+        # Incremental snapshots while streaming (cdcd/capture/incremental.py): PostgreSQL's chunk reads.
+        self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
+        self._incr = self._coord.incremental
+        self._incr.last = self._last_position
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
         self._start_mark: Mark | None = None
@@ -86,6 +93,9 @@ class PostgresSource(Source):
             await self.close()
             raise
         announce: list[Item] = [self._start_mark] if self._start_mark is not None else []
+        if self._stream_changes:
+            self._incr.reader = self._chunks
+            self._announce.extend(self._table_marks(resume.state or {}))
         fresh = self._start_mark is not None and self._start_mark.kind is MarkKind.SNAPSHOT_START
         snapshot = None
         if self._reader is not None:
@@ -157,6 +167,88 @@ class PostgresSource(Source):
                         "fresh snapshot and stream from there", slot=self._slot, lsn=format_lsn(start))
             self._begin(start, snapshot=True)
             await self._open_snapshot(None, PgState(), slot=self._slot)
+
+    def _last_position(self) -> PgPosition:
+        """Where a mark of the running stream goes: the last delivered position, else where the run began."""
+        last = self._coord.last
+        if isinstance(last, PgPosition):
+            return last
+        return self._resume_position or self._watermark
+
+    def _table_marks(self, state: dict[str, Any]) -> list[Item]:
+        """Compare ``source.tables`` with the captured list the checkpoint holds: a table added is snapshotted
+        incrementally while streaming (its INCREMENTAL_START first, so a crash cannot lose it), a table removed
+        stops being captured. Resumes the incremental snapshots the checkpoint holds as running."""
+        fresh = self._start_mark is not None  # a first start or a new snapshot: every table is in it
+        held = None if fresh else state.get("tables")
+        if held is None and not fresh:
+            # A checkpoint from before the list was kept: the initial snapshot's tables, else the configured list.
+            done = (state.get("snapshot") or {}).get("tables") or {}
+            held = list(done) if done else [str(t) for t in self._tables]
+        captured = [TableId.parse(n) for n in held] if held is not None else list(self._tables)
+        added = [t for t in self._tables if t not in captured]
+        at = self._last_position()
+        marks: list[Item] = [Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}) for t in added]
+        jobs = [] if fresh else jobs_from_state(state, self._tables)
+        jobs += [SnapshotJob(t, None, started=True) for t in added]
+        self._incr.resume(jobs)
+        self._incr.dropped = set()
+        if added or held is None or [TableId.parse(n) for n in held] != self._tables:
+            marks.append(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in self._tables]}))
+        if added:
+            log.info("tables added to source.tables: snapshotting them incrementally while streaming",
+                     tables=[str(t) for t in added])
+        gone = [str(t) for t in captured if t not in self._tables]
+        if gone:
+            log.info("tables removed from source.tables: no longer captured (what was landed stays)", tables=gone)
+        return marks
+
+    # ------------------------------------------------------------ operator requests (issue 13)
+
+    def request_snapshot(self, table: str, where: str | None = None) -> None:
+        if not self._stream_changes:
+            raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
+        self._incr.request(check_table(table, self._tables), where)
+
+    def reload_tables(self, tables: list[str]) -> None:
+        try:
+            new = [TableId.parse(t) for t in tables]
+        except ValueError as exc:
+            raise ConfigError(f"table reload: {exc}") from None
+        if not new or len(set(new)) != len(new):
+            raise ConfigError(f"table reload: the list {tables!r} must name each table once, and at least one")
+        if not self._stream_changes:
+            raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
+        self._incr.submit(lambda: self._apply_tables(new))
+
+    def snapshot_progress(self) -> list[dict[str, Any]]:
+        return self._incr.progress()
+
+    async def _apply_tables(self, new: list[TableId]) -> None:
+        """A reload (in the chunk task, between chunks): extend the publication, learn the new tables, snapshot
+        them incrementally; removed tables stop being captured."""
+        added = [t for t in new if t not in self._tables]
+        removed = [t for t in self._tables if t not in new]
+        if not added and not removed:
+            return
+        sql = await self._t.ensure_sql()
+        infos = {t: await catalog.table_info(sql, t) for t in added}
+        await catalog.ensure_publication(sql, self._publication, new, {**self._t.infos, **infos})
+        oids = {c.type_oid for info in infos.values() for c in info.columns}
+        await catalog.load_types(sql, self._t.registry, oids)
+        for t, info in infos.items():
+            self._t.infos[t] = info
+            self._t.shapes[t] = shape_from_info(info, self._t.registry)
+            warn_unknown(self._t.shapes[t], self._t.warnings)
+        self._tables = self._t.tables = list(new)
+        self._stream.capture(self._tables)
+        self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
+        at = self._last_position()
+        for t in added:
+            self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
+            self._incr.jobs.append(SnapshotJob(t, None, started=True))
+        self._incr.emit(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in self._tables]}))
+        log.info("captured tables reloaded", added=[str(t) for t in added], removed=[str(t) for t in removed])
 
     def _reached(self) -> int:
         """The highest WAL position cdcd committed or emitted: the server's history must contain it."""
@@ -272,6 +364,8 @@ class PostgresSource(Source):
         }
         if self._system:
             out["timeline"] = self._system.get("timeline")
+        if self._incr.busy or self._incr.finished:
+            out["incremental_snapshots"] = self._incr.progress()
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}
@@ -281,6 +375,7 @@ class PostgresSource(Source):
 
     async def close(self) -> None:
         self._coord.close()
+        await self._chunks.close()
         if self._reader is not None:
             await self._reader.close()
         await self._stream.close()
@@ -291,6 +386,7 @@ class PostgresSource(Source):
 
     def terminate(self) -> None:
         self._coord.close()
+        self._chunks.terminate()
         if self._reader is not None:
             self._reader.terminate()
         self._stream.terminate()

@@ -7,7 +7,9 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "flush_lsn": "0/16B3B10",         # commit LSN of the last fully committed transaction (or heartbeat)
      "snapshot": {"status": "running" | "done" | "none",
                   "tables": {"public.t": {"last_key": ["42"], "rows": 42, "done": false}}},
-     "system": {"systemid": "7301...", "timeline": 1}}   # the server's IDENTIFY_SYSTEM (identity.py)
+     "system": {"systemid": "7301...", "timeline": 1},   # the server's IDENTIFY_SYSTEM (identity.py)
+     "tables": ["public.t"],           # the captured tables (a restart snapshots the ones source.tables gained)
+     "incremental": {"public.t": {...}}}  # incremental snapshots (cdcd/capture/incremental.py, fold_incremental)
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
 the runtime confirmed durable: never beyond the checkpoint.
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
 from cdcd.events import ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
@@ -81,7 +84,9 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     for item in items:
         if isinstance(item, ChangeEvent | RowBlock):
             # a snapshot's opening truncate (events.snapshot_truncates) is no progress of its rows
-            if item.snapshot and item.op is not Op.TRUNCATE and event_count(item):
+            # rows of an incremental snapshot (while streaming) are no progress of the initial one: their
+            # progress comes with their INCREMENTAL_CHUNK mark
+            if item.snapshot and item.op is not Op.TRUNCATE and event_count(item) and snap.get("status") == "running":
                 name = str(item.table)
                 last[name] = item
                 counts[name] = counts.get(name, 0) + event_count(item)
@@ -96,6 +101,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             tables.setdefault(item.detail["table"], {"last_key": None, "rows": 0})["done"] = True
         elif kind == MarkKind.SNAPSHOT_DONE:
             snap["status"] = "done"
+        elif kind in INCREMENTAL_KINDS:
+            fold_incremental(new, item)
         elif kind == MarkKind.IDENTITY:
             new["system"] = dict(item.detail)
         elif kind in (MarkKind.SNAPSHOT_START, MarkKind.STREAM_START):

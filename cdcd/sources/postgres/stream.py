@@ -97,6 +97,10 @@ class PgStream:
         self.lag_ms: float | None = None
         self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
 
+    def capture(self, tables: list[TableId]) -> None:
+        """The captured tables changed (a reload): relations of other tables are not decoded from now on."""
+        self._table_set = set(tables)
+
     def handoff(self, watermark: Position) -> None:
         """Nothing to move: the slot starts at the snapshot's consistent point (the watermark) by itself."""
 

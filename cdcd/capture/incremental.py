@@ -1,0 +1,412 @@
+"""Incremental snapshots: the watermark-chunk algorithm (DBLog), run by the coordinator while the stream runs.
+
+A table is read in key-ordered chunks while its changes keep streaming. Per chunk the source's ``ChunkReader``
+makes a low watermark (LW), reads the chunk, makes a high watermark (HW) and says which transactions the
+chunk's read did not see. The coordinator records every streamed change of the table being snapshotted
+(``Window``); when the stream reaches the HW it emits the chunk's rows that no recorded change touched (either
+image: the old key of a key change too) as ``r`` rows at the HW's position, so they sort after everything the
+read saw and before every later change. A touched key's state comes from the stream instead. The proof
+sketch, the latency bound and the checkpointed progress are in docs/runtime.md ("Incremental snapshots").
+
+Progress reaches the checkpoint through Marks (``INCREMENTAL_START``, ``INCREMENTAL_CHUNK``,
+``INCREMENTAL_DONE``, ``TABLES``) that every source folds with ``fold_incremental``; a restart resumes after
+the last chunk the checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdcd.config import Config
+from cdcd.errors import ConfigError, SourceError
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
+from cdcd.positions import Position, position_from_json
+from cdcd.retry import source_backoff
+
+
+@dataclass
+class SnapshotJob:
+    """One table's incremental snapshot (a whole table, or the rows matching ``where``)."""
+
+    table: TableId
+    where: str | None = None
+    last_key: list[str] | None = None  # the server's text of the last chunk's last key: resume after it
+    rows: int = 0  # rows emitted (chunk rows no streamed change superseded)
+    chunks: int = 0
+    below: Position | None = None  # the first chunk's low watermark (SNAPSHOT_COVERED's bound)
+    state: str = "queued"  # queued | running | done | failed
+    started: bool = False  # its INCREMENTAL_START is in the stream (or in the checkpoint already)
+    error: str | None = None
+
+    def progress(self) -> dict[str, Any]:
+        return {"table": str(self.table), "where": self.where, "state": self.state, "chunks": self.chunks,
+                "rows": self.rows, "last_key": self.last_key, "error": self.error}
+
+
+@dataclass
+class Chunk:
+    """One chunk as read between its watermarks, waiting for the stream to reach ``hw``."""
+
+    job: SnapshotJob
+    schema: TableSchema
+    data: pa.Table
+    key_text: tuple[pa.Array | None, ...] | None
+    last_key: list[str] | None  # resume key (None: the chunk was empty)
+    lw: Position
+    hw: Position
+    last: bool  # fewer rows than asked for: the table (or the WHERE range) ends here
+    invisible: Callable[[str | None], bool]  # True for a transaction (id as streamed) the read did not see
+    emitted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ChunkReader(Protocol):
+    """A source's part: watermarks and key-ordered chunk reads that write nothing to the source's tables."""
+
+    async def read(self, job: SnapshotJob, limit: int) -> Chunk:
+        """LW, the chunk after ``job.last_key`` (at most ``limit`` rows, matching ``job.where``), HW."""
+        ...
+
+    def job_error(self, exc: BaseException) -> str | None:
+        """A message when ``exc`` is the job's own fault (a bad WHERE, a table gone): it fails, the stream
+        goes on. None: a connection problem, retried with backoff."""
+        ...
+
+    async def close(self) -> None:
+        ...
+
+    def terminate(self) -> None:
+        ...
+
+
+class Window:
+    """The streamed changes of the table being snapshotted, kept until no later chunk can need them."""
+
+    def __init__(self, table: TableId) -> None:
+        self.table = table
+        self._seen: list[tuple[Position, str | None, tuple[Any, ...] | None]] = []  # key None: a truncate
+
+    def record(self, ev: ChangeEvent) -> None:
+        if ev.op is Op.TRUNCATE:
+            self._seen.append((ev.position, ev.tx_id, None))
+            return
+        key = ev.key
+        if key is not None:
+            self._seen.append((ev.position, ev.tx_id, key))
+        old = ev.before_key
+        if old is not None:
+            self._seen.append((ev.position, ev.tx_id, old))
+
+    def touched(self, chunk: Chunk) -> tuple[set[tuple[Any, ...]], bool]:
+        """Keys a change after the LW (or one the read did not see) touched; True when a truncate did."""
+        keys: set[tuple[Any, ...]] = set()
+        truncated = False
+        lw, invisible = chunk.lw, chunk.invisible
+        for pos, tx, key in self._seen:
+            if pos > lw or invisible(tx):  # type: ignore[operator]
+                if key is None:
+                    truncated = True
+                else:
+                    keys.add(key)
+        return keys, truncated
+
+    def prune(self, chunk: Chunk) -> None:
+        """Forget what no later chunk can need: changes before this HW that this chunk's read saw (a later
+        read, with a later snapshot and a later LW, sees them too)."""
+        hw, invisible = chunk.hw, chunk.invisible
+        self._seen = [s for s in self._seen if s[0] > hw or invisible(s[1])]  # type: ignore[operator]
+
+
+def keep_mask(data: pa.Table, key: tuple[str, ...], touched: set[tuple[Any, ...]]) -> pa.Array | None:
+    """Rows of ``data`` whose key is not in ``touched`` (None: keep all)."""
+    if not touched or not data.num_rows:
+        return None
+    if len(key) == 1:
+        col = data.column(key[0])
+        values = [k[0] for k in touched]
+        try:
+            return pc.invert(pc.is_in(col, value_set=pa.array(values, type=col.type)))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            pass  # a key type is_in cannot take: compare in Python
+    columns = [data.column(k).to_pylist() for k in key]
+    return pa.array([tuple(v) not in touched for v in zip(*columns, strict=True)], type=pa.bool_())
+
+
+class Incremental:
+    """The incremental snapshots of one source: the job queue, the chunk task and the window."""
+
+    def __init__(self, config: Config, log: Any, where: str) -> None:
+        self._config = config
+        self._log = log
+        self._where = where
+        self.chunk_rows = config.snapshot.chunk_rows
+        self.reader: ChunkReader | None = None
+        self.jobs: collections.deque[SnapshotJob] = collections.deque()
+        self.finished: list[SnapshotJob] = []  # done or failed in this process, for /status
+        self.current: SnapshotJob | None = None
+        self.window: Window | None = None
+        self.pending: Chunk | None = None  # read, waiting for the stream to reach its HW
+        self.dropped: set[TableId] = set()  # tables no longer captured: their streamed changes are dropped
+        self._out: list[Item] = []  # marks to emit before the next streamed item
+        self._work: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._error: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.last: Callable[[], Position | None] = lambda: None  # the coordinator's last delivered position
+
+    # -- what the source asks for ---------------------------------------------------------------
+
+    def resume(self, jobs: list[SnapshotJob]) -> None:
+        """The checkpoint's running jobs (already started), then the jobs of this process the checkpoint does
+        not hold yet (their uncommitted progress is read again)."""
+        held = {j.table for j in jobs}
+        keep = [j for j in (*([self.current] if self.current else []), *self.jobs)
+                if j.table not in held and j.state in ("queued", "running")]
+        for j in keep:
+            j.last_key, j.rows, j.chunks, j.below, j.state, j.started = None, 0, 0, None, "queued", False
+        self.jobs = collections.deque([*jobs, *keep])
+        self.current, self.window, self.pending, self._error = None, None, None, None
+        self._wake.set()
+
+    def request(self, table: TableId, where: str | None) -> None:
+        """Queue a snapshot of ``table`` (a running or queued one of the same table is replaced at its start)."""
+        self.jobs.append(SnapshotJob(table, where))
+        self._wake.set()
+
+    def submit(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work`` in the chunk task before the next chunk (a table reload: catalog reads, publication)."""
+        self._work.append(work)
+        self._wake.set()
+
+    def emit(self, mark: Mark) -> None:
+        """A mark to deliver before the next streamed item."""
+        self._out.append(mark)
+
+    def progress(self) -> list[dict[str, Any]]:
+        active = [self.current] if self.current is not None else []
+        return [j.progress() for j in (*self.finished, *active, *self.jobs)]
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None or bool(self.jobs) or bool(self._work)
+
+    # -- the coordinator's side -------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="cdcd-incremental")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except BaseException as exc:  # already handed to the stream through ``_error``
+                self._log.debug("incremental snapshot task ended", error=str(exc))
+        self.pending = None
+        if self.current is not None:  # read again by the next run, from the checkpoint's progress
+            self.jobs.appendleft(self.current)
+            self.current, self.window = None, None
+
+    def before(self, item: Item) -> tuple[list[Item], bool]:
+        """Items to deliver before ``item`` (chunk rows whose HW it reached, marks), and whether ``item`` goes."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        out: list[Item] = []
+        if self._out:
+            out, self._out = self._out, []
+        pending = self.pending
+        if pending is not None and item.position >= pending.hw:  # type: ignore[operator]
+            out.extend(self._finish(pending))
+        if isinstance(item, ChangeEvent) and not item.snapshot:
+            table = item.schema.table
+            if table in self.dropped:
+                return out, False
+            window = self.window
+            if window is not None and table == window.table:
+                window.record(item)
+        return out, True
+
+    def _finish(self, chunk: Chunk) -> list[Item]:
+        self.pending = None
+        job, window = chunk.job, self.window
+        assert window is not None
+        touched, truncated = window.touched(chunk)
+        window.prune(chunk)
+        data, texts = chunk.data, chunk.key_text
+        if truncated:
+            data = data.slice(0, 0)
+            texts = None if texts is None else tuple(None if t is None else t.slice(0, 0) for t in texts)
+        else:
+            mask = keep_mask(data, chunk.schema.key, touched)
+            if mask is not None:
+                data = data.filter(mask)
+                texts = None if texts is None else tuple(None if t is None else t.filter(mask) for t in texts)
+        out: list[Item] = []
+        if data.num_rows:
+            out.append(RowBlock(chunk.schema, chunk.hw, data, Op.READ, True, key_text=texts))
+        job.rows += data.num_rows
+        job.chunks += 1
+        job.last_key = chunk.last_key if chunk.last_key is not None else job.last_key
+        if job.below is None:
+            job.below = chunk.lw
+        table = str(job.table)
+        out.append(Mark(MarkKind.INCREMENTAL_CHUNK, chunk.hw, {
+            "table": table, "last_key": job.last_key, "rows": data.num_rows, "lw": chunk.lw.to_json()}))
+        if chunk.last:
+            if job.where is None:
+                out.append(Mark(MarkKind.SNAPSHOT_COVERED, chunk.hw, {"table": table, "below": job.below}))
+            out.append(Mark(MarkKind.INCREMENTAL_DONE, chunk.hw, {"table": table}))
+        chunk.emitted.set()
+        return out
+
+    # -- the chunk task ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # raised into the stream by the next ``before``
+            self._error = exc
+
+    async def _loop(self) -> None:
+        retry = source_backoff(self._config, f"incremental snapshot reads on {self._where}")
+        while True:
+            while self._work:
+                await self._work[0]()
+                self._work.popleft()
+            if self.current is None:
+                if not self.jobs:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                self._begin(self.jobs.popleft())
+            job = self.current
+            assert job is not None and self.reader is not None
+            try:
+                chunk = await self.reader.read(job, self.chunk_rows)
+            except Exception as exc:  # sorted below: the job's fault, a fatal error, or a retry
+                why = self.reader.job_error(exc)
+                if why is not None:
+                    self._fail(job, why)
+                    continue
+                if isinstance(exc, SourceError) and exc.fatal:
+                    raise
+                delay = retry.failure(exc)  # SourceFatal once runtime.source_retry_timeout_s is spent
+                self._log.warning("incremental snapshot chunk read failed; retrying", table=str(job.table),
+                                  error=str(exc) or repr(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+                continue
+            if retry.attempts:
+                retry.success()
+            self.pending = chunk
+            await chunk.emitted.wait()  # the stream reached the HW: one chunk in memory at a time
+            if chunk.last:
+                job.state = "done"
+                self._log.info("incremental snapshot done", table=str(job.table), rows=job.rows,
+                               chunks=job.chunks, where=job.where)
+                self.finished.append(job)
+                self.current, self.window = None, None
+
+    def _begin(self, job: SnapshotJob) -> None:
+        # A newer request for the same table replaces a queued one; the newest wins.
+        if any(j.table == job.table for j in self.jobs):
+            return
+        self.current = job
+        self.window = Window(job.table)  # recording starts before the first LW
+        job.state = "running"
+        if not job.started:
+            job.started = True
+            at = self.last()
+            if at is not None:
+                self._out.append(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(job.table), "where": job.where}))
+        self._log.info("incremental snapshot started", table=str(job.table), where=job.where,
+                       after=job.last_key)
+
+    def _fail(self, job: SnapshotJob, why: str) -> None:
+        job.state, job.error = "failed", why
+        self._log.error("incremental snapshot failed", table=str(job.table), where=job.where, error=why)
+        at = self.last()
+        if at is not None:
+            self._out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": str(job.table), "failed": why}))
+        self.finished.append(job)
+        self.current, self.window = None, None
+
+
+def check_table(name: str, configured: list[TableId]) -> TableId:
+    """``name`` as a configured table, or a ConfigError naming the configured list."""
+    try:
+        table = TableId.parse(name)
+    except ValueError as exc:
+        raise ConfigError(f"snapshot request: {exc}") from None
+    if table not in configured:
+        listed = ", ".join(str(t) for t in configured)
+        raise ConfigError(f"snapshot request: table {name!r} is not captured; source.tables lists: {listed}")
+    return table
+
+
+# -- the checkpoint's form, shared by every source's fold --------------------------------------------------
+
+INCREMENTAL_KINDS = (MarkKind.INCREMENTAL_START, MarkKind.INCREMENTAL_CHUNK, MarkKind.INCREMENTAL_DONE,
+                     MarkKind.TABLES)
+
+
+def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
+    """Fold one incremental-snapshot Mark into the source state (``state`` is the fold's own copy).
+
+    ``state["incremental"]`` maps a table to ``{"where", "last_key", "rows", "chunks", "lw", "status"}``;
+    ``state["tables"]`` is the captured table list (what a restart compares ``source.tables`` with).
+    """
+    kind = mark.kind
+    if kind is MarkKind.TABLES:
+        state["tables"] = list(mark.detail["tables"])
+        return
+    jobs = {k: dict(v) for k, v in (state.get("incremental") or {}).items()}
+    table = mark.detail["table"]
+    if kind is MarkKind.INCREMENTAL_START:
+        jobs[table] = {"where": mark.detail.get("where"), "last_key": None, "rows": 0, "chunks": 0, "lw": None,
+                       "status": "running"}
+    elif kind is MarkKind.INCREMENTAL_CHUNK:
+        entry = jobs.get(table)
+        if entry is None or entry.get("status") != "running":
+            return  # a chunk of a job the checkpoint no longer runs (replaced, or the table was removed)
+        entry["last_key"] = mark.detail["last_key"]
+        entry["rows"] = int(entry.get("rows", 0)) + int(mark.detail["rows"])
+        entry["chunks"] = int(entry.get("chunks", 0)) + 1
+        if entry.get("lw") is None:
+            entry["lw"] = mark.detail["lw"]
+        jobs[table] = entry
+    elif kind is MarkKind.INCREMENTAL_DONE:
+        entry = jobs.get(table)
+        if entry is None:
+            return
+        entry["status"] = "failed" if mark.detail.get("failed") else "done"
+        if mark.detail.get("failed"):
+            entry["error"] = mark.detail["failed"]
+        jobs[table] = entry
+    state["incremental"] = jobs
+
+
+def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[SnapshotJob]:
+    """The checkpoint's running incremental snapshots of tables still captured, to resume."""
+    out: list[SnapshotJob] = []
+    for name, entry in (state.get("incremental") or {}).items():
+        table = TableId.parse(name)
+        if entry.get("status") != "running" or table not in captured:
+            continue
+        lw = entry.get("lw")
+        out.append(SnapshotJob(table, entry.get("where"), entry.get("last_key"), int(entry.get("rows", 0)),
+                               int(entry.get("chunks", 0)), position_from_json(lw) if lw else None,
+                               "queued", True))
+    return out

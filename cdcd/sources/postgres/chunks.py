@@ -1,0 +1,169 @@
+"""PostgreSQL's part of incremental snapshots: watermarks and key-ordered chunk reads, writing nothing.
+
+Per chunk (``PgChunkReader.read``), on two connections of its own:
+
+1. the low watermark (LW): a non-transactional logical message (``pg_logical_emit_message(false, ...)``, the
+   heartbeat's prefix), which travels the slot like a heartbeat;
+2. transactions committed in the commit log but still listed as running (a commit waiting for synchronous
+   replication, or caught between its WAL flush and leaving the process array) are waited out, so every
+   transaction the stream delivered before the coordinator began recording is visible to the read;
+3. ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``; ``pg_current_snapshot()`` (the read's snapshot: its
+   running-transaction list and xmax say exactly which transactions the read does not see); the chunk as one
+   ``COPY (SELECT ... WHERE key > last [AND where] ORDER BY key LIMIT n) TO STDOUT``; ``COMMIT``;
+4. the high watermark (HW): another logical message.
+
+The chunk's rows are parsed with the snapshot's ``CopyDecoder`` (the same landed values as the initial snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from cdcd.capture.incremental import Chunk, SnapshotJob
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.positions import PgPosition
+from cdcd.sources.postgres import catalog
+from cdcd.sources.postgres.catalog import quote_ident, quote_table
+from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
+from cdcd.sources.postgres.stream import PgTables
+
+#: How often the lag wait (step 2) looks again.
+_LAG_POLL_S = 0.01
+_MASK = 0xFFFFFFFF
+
+
+def _literal(text: str) -> str:
+    """A string constant that means the same whatever standard_conforming_strings says."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def chunk_query(tables: PgTables, job: SnapshotJob, limit: int) -> str:
+    info, shape = tables.infos[job.table], tables.shapes[job.table]
+    key = info.key
+    cols = ", ".join(quote_ident(k) for k in key)
+    types = {c.name: c.sql_type for c in info.columns}
+    conds: list[str] = []
+    if job.last_key is not None:
+        bounds = ", ".join(f"CAST({_literal(v)} AS {types[k]})" for k, v in zip(key, job.last_key, strict=True))
+        conds.append(f"({cols}) > ({bounds})")
+    if job.where:
+        conds.append(f"({job.where})")
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    select = ", ".join(quote_ident(c.name) for c in shape.schema.columns)
+    return f"SELECT {select} FROM {quote_table(info.table)}{where} ORDER BY {cols} LIMIT {limit}"
+
+
+def invisible_to(snapshot: str) -> Callable[[str | None], bool]:
+    """From ``pg_current_snapshot()``'s text (``xmin:xmax:xip,...``): is a streamed transaction id (32-bit, as
+    pgoutput sends it) one the snapshot does not see? Compared modulo 2^32, as PostgreSQL compares xids."""
+    _xmin, xmax, xip = snapshot.split(":")
+    top = int(xmax) & _MASK
+    running = {int(x) & _MASK for x in xip.split(",") if x}
+
+    def invisible(tx: str | None) -> bool:
+        if tx is None:
+            return False
+        x = int(tx) & _MASK
+        return x in running or ((x - top) & _MASK) < 0x80000000
+
+    return invisible
+
+
+class PgChunkReader:
+    """``cdcd.capture.incremental.ChunkReader`` for PostgreSQL."""
+
+    def __init__(self, tables: PgTables, lag_timeout_s: float) -> None:
+        self._t = tables
+        self._lag_timeout_s = lag_timeout_s
+        self._read_conn: Any = None
+        self._mark_conn: Any = None
+        #: Called between the chunk's read and its HW (tests change the chunk's rows there, on the real server).
+        self.after_read: Callable[[SnapshotJob], Awaitable[None]] | None = None
+
+    async def _conns(self) -> tuple[Any, Any]:
+        for name in ("_read_conn", "_mark_conn"):
+            conn = getattr(self, name)
+            if conn is None or conn.is_closed():
+                setattr(self, name, await catalog.connect_sql(self._t.params))
+        return self._read_conn, self._mark_conn
+
+    async def read(self, job: SnapshotJob, limit: int) -> Chunk:
+        info = self._t.infos.get(job.table)
+        if info is None or not info.key:
+            raise SourceFatal(f"incremental snapshot of {job.table}: the table has no primary key or replica "
+                              "identity index, so it cannot be read in key order while it streams")
+        shape = self._t.shapes[job.table]
+        conn, marks = await self._conns()
+        lw = await catalog.emit_heartbeat(marks)
+        await self._wait_committing(marks)
+        pieces: list[bytes] = []
+
+        async def collect(data: bytes) -> None:
+            pieces.append(data)
+
+        await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            snapshot = str(await conn.fetchval("SELECT pg_current_snapshot()::text"))
+            await conn.copy_from_query(chunk_query(self._t, job, limit), output=collect)
+        finally:
+            with contextlib.suppress(Exception):
+                await conn.execute("ROLLBACK")  # read only: nothing to keep
+        if self.after_read is not None:
+            await self.after_read(job)
+        hw = await catalog.emit_heartbeat(marks)
+        names = shape.schema.column_names
+        key_fields = [names.index(k) for k in info.key]
+        rows = sum(p.count(b"\n") for p in pieces)
+        decoder = CopyDecoder(shape, self._t.warnings, key_fields)
+        data, texts = await asyncio.to_thread(decoder.decode_keyed, pieces, rows)
+        last_key = last_row_fields(pieces, key_fields) if rows else None
+        return Chunk(job, shape.schema, data, texts, last_key, PgPosition(lw, 0), PgPosition(hw, 0),
+                     rows < limit, invisible_to(snapshot))
+
+    async def _wait_committing(self, conn: Any) -> None:
+        """Wait until no transaction is both committed in the commit log and still listed as running."""
+        query = ("SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x "
+                 "WHERE pg_xact_status(x) = 'committed'")
+        waiting = set(await conn.fetchval(query))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._lag_timeout_s
+        while waiting:
+            if loop.time() > deadline:
+                raise SourceError(
+                    f"incremental snapshot on {self._t.params.where}: transactions {sorted(waiting)} committed but "
+                    f"stayed listed as running for {self._lag_timeout_s:g}s (a synchronous standby not "
+                    "answering?); the chunk is read again later")
+            await asyncio.sleep(_LAG_POLL_S)
+            still = set(await conn.fetchval(
+                "SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x"))
+            waiting &= still
+
+    def job_error(self, exc: BaseException) -> str | None:
+        # SQL the server rejects (class 42: a bad WHERE, a column or table gone; class 22: a bad value in it):
+        # the request's fault; reading again cannot help.
+        if isinstance(exc, asyncpg.PostgresError) and str(exc.sqlstate or "")[:2] in ("42", "22"):
+            return f"{self._t.params.where}: {exc}"
+        if isinstance(exc, SourceFatal):
+            return str(exc)
+        return None
+
+    async def close(self) -> None:
+        for name in ("_read_conn", "_mark_conn"):
+            conn = getattr(self, name)
+            setattr(self, name, None)
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(conn.close(), 5)
+
+    def terminate(self) -> None:
+        for name in ("_read_conn", "_mark_conn"):
+            conn = getattr(self, name)
+            setattr(self, name, None)
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.terminate()
