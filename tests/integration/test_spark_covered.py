@@ -106,3 +106,23 @@ async def test_a_resnapshot_removes_the_rows_deleted_behind_cdcds_back(spark: ob
     assert [(r["k"], r["v"]) for r in rows_of(target, "public.log")] == [(1, "new")]
     if fmt == "delta":  # every statement, the covered delete too, is skipped by its recorded batch seq
         assert mirror_commits(target, fmt) == commits
+
+
+async def test_a_version_2_zone_still_applies(spark: object, tmp_path: Path) -> None:
+    """Manifests written before format 3 (no ``covered`` list) apply as before."""
+    import json
+
+    from cdcd.landing.layout import MANIFESTS
+    from cdcd.landing.manifest import load_manifest, seal
+
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    await land(landing, {
+        1: [ev(Op.READ, 100, 0, after=row(i), snapshot=True) for i in range(1, 4)],
+        2: [ev(Op.DELETE, 200, 1, before={"id": 2}), ev(Op.UPDATE, 210, 1, before=row(3),
+                                                         after=row(3, amount=Decimal("3.99")))],
+    })
+    for path in sorted((landing / MANIFESTS).iterdir()):
+        old = {k: v for k, v in load_manifest(path).items() if k not in ("covered", "checksum")}
+        path.write_text(json.dumps(seal({**old, "version": 2})))
+    apply(landing, target, "parquet")
+    assert amounts(target) == {1: Decimal("1.50"), 3: Decimal("3.99")}
