@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_lifecycle import CDCD, WAIT_S, Daemon, create_orders, daemons, make_config, workload
 
@@ -61,6 +62,8 @@ def landed_ids(landing: Path) -> set[int]:
             if r.get("id") is not None}
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_resnapshot_after_rows_deleted_behind_cdcds_back_ends_equal(
         pg_server: PostgresServer, pg_db: str, tmp_path: Path, daemons: list[Daemon]) -> None:
     create_orders(pg_server, pg_db, 300)
