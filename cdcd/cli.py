@@ -132,6 +132,13 @@ def _print_status(doc: dict[str, Any]) -> None:
     for table, t in sorted((source.get("snapshot") or {}).items()):
         state = "done" if t.get("done") else "running"
         print(f"  snapshot {table}: {t.get('rows', 0)} of ~{t.get('total_estimate', '?')} rows ({state})")
+    for job in doc.get("incremental_snapshots") or ():
+        where = f" where {job['where']}" if job.get("where") else ""
+        line = (f"  incremental snapshot {job.get('table')}{where}: {job.get('state')}, {job.get('chunks', 0)} chunks, "
+                f"{job.get('rows', 0)} rows")
+        if job.get("last_key") is not None:
+            line += f", last key {json.dumps(job['last_key'])}"
+        print(line + (f"; error: {job['error']}" if job.get("error") else ""))
     stats = doc.get("stats") or {}
     if stats.get("last_error"):
         print(f"  last error: {stats['last_error']}")
@@ -166,6 +173,65 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_force_stop(args: argparse.Namespace) -> int:
     return _stop(args, signal.SIGQUIT, lambda c: 30.0)
+
+
+# -- snapshot / tables reload (requests to the running daemon, docs/operations.md) ------------------
+
+
+def _request(config: Config, args: argparse.Namespace, path: str, doc: dict[str, Any]) -> dict[str, Any] | int:
+    """POST to the running daemon; its answer, or the exit code after saying what is wrong."""
+    from cdcd.daemon.control import Unreachable, daemon_pid, post
+
+    try:
+        status, answer = post(config, path, doc)
+    except ValueError:
+        print(f"cdcd: {args.config}: http.listen is off; `cdcd {args.command}` asks the running daemon over its "
+              "HTTP listener: set http.listen (e.g. \"127.0.0.1:9187\") and restart the daemon", file=sys.stderr)
+        return ExitCode.CONFIG
+    except Unreachable as exc:
+        pid = daemon_pid(config)
+        if pid is None:
+            print(f"cdcd: no cdcd daemon runs on {config.state.path}; start it with `cdcd run -c {args.config}` "
+                  "(this request needs a running daemon)", file=sys.stderr)
+        else:
+            print(f"cdcd: the daemon (pid {pid}) holds {config.state.path} but its HTTP listener does not answer "
+                  f"({exc}); is http.listen in {args.config} the daemon's?", file=sys.stderr)
+        return ExitCode.FAILURE
+    if status >= 300:
+        print(f"cdcd: {answer.get('error', answer)}", file=sys.stderr)
+        return ExitCode.FAILURE
+    return answer
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    answer = _request(config, args, "/snapshot", {"table": args.table, "where": args.where})
+    if isinstance(answer, int):
+        return answer
+    queued = answer["queued"]
+    what = f"the rows of {queued['table']} where {queued['where']}" if queued.get("where") else queued["table"]
+    print(f"queued: an incremental snapshot of {what}, read while the stream runs; follow it with "
+          f"`cdcd status -c {args.config}`")
+    return ExitCode.OK
+
+
+def cmd_tables_reload(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _quiet_logging(config)
+    answer = _request(config, args, "/tables/reload", {})
+    if isinstance(answer, int):
+        return answer
+    added, removed = answer.get("added") or [], answer.get("removed") or []
+    if not added and not removed:
+        print(f"reloaded: source.tables unchanged ({', '.join(answer.get('tables') or [])})")
+    else:
+        print(f"reloaded: added {', '.join(added) or 'none'} (snapshotted incrementally while streaming); "
+              f"removed {', '.join(removed) or 'none'} (no longer captured; what was landed stays)")
+    print(f"log level {answer.get('log_level')}")
+    if answer.get("needs_restart"):
+        print(f"changed settings that take effect on the next start only: {', '.join(answer['needs_restart'])}")
+    return ExitCode.OK
 
 
 # -- checkpoint ------------------------------------------------------------------------
@@ -285,6 +351,17 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config(p)
         p.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="how long to wait for the exit (default: stop: shutdown_grace_s + 30; force-stop: 30)")
+
+    p = command("snapshot", cmd_snapshot, "ask the running daemon to snapshot a table again (incrementally, "
+                "while streaming)")
+    _add_config(p)
+    p.add_argument("table", metavar="TABLE", help="a captured table, schema.table (MySQL: database.table)")
+    p.add_argument("--where", metavar="SQL", help="only the rows matching this SQL condition (no covered record: "
+                   "rows deleted behind cdcd's back stay in the mirror)")
+    tables = command("tables", lambda a: ExitCode.USAGE, "the captured tables of the running daemon")
+    tables_sub = tables.add_subparsers(dest="tables_command", metavar="ACTION", required=True)
+    _add_config(command("reload", cmd_tables_reload, "make the running daemon re-read source.tables (and "
+                        "log.level) from its config file, as SIGHUP does, and say what changed", tables_sub))
 
     ckpt = command("checkpoint", lambda a: ExitCode.USAGE, "inspect the checkpoint history and roll back")
     ckpt_sub = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)

@@ -74,3 +74,32 @@ def fetch_status(config: Config, timeout_s: float = 3.0) -> dict[str, Any] | Non
     except (urllib.error.URLError, OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+class Unreachable(Exception):
+    """The daemon's HTTP listener did not answer (connection refused, timeout)."""
+
+
+def post(config: Config, path: str, doc: dict[str, Any], timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
+    """POST ``doc`` to the running daemon's ``path``: (HTTP status, the answer's JSON object).
+
+    Raises ``Unreachable`` when nothing answers (no daemon, or it listens elsewhere), ``ValueError``
+    when ``http.listen`` is off (the requests need the listener).
+    """
+    base = http_base(config)
+    if base is None:
+        raise ValueError("http.listen is off")
+    request = urllib.request.Request(f"{base}{path}", data=json.dumps(doc).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:  # an answer: the daemon refused the request
+        status, body = exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise Unreachable(f"{base}: {getattr(exc, 'reason', exc)}") from exc
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = {"error": body.decode(errors="replace").strip()}
+    return status, answer if isinstance(answer, dict) else {"answer": answer}

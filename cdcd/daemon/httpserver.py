@@ -1,8 +1,11 @@
-"""A small asyncio HTTP/1.1 server for /metrics, /healthz, /readyz and /status.
+"""A small asyncio HTTP/1.1 server for /metrics, /healthz, /readyz, /status and the operator's requests.
 
-Enough HTTP for Prometheus, kubelet/compose health checks and curl: GET and
-HEAD, one request per connection (``Connection: close``). No framework: the
-daemon must not grow a web stack for four read-only endpoints.
+Enough HTTP for Prometheus, kubelet/compose health checks, curl and the CLI:
+GET and HEAD for the read-only endpoints, POST with a JSON object for the
+operator's requests (``cdcd snapshot``, ``cdcd tables reload``), one request
+per connection (``Connection: close``). POST is answered for loopback
+clients only: a request can make the daemon run SQL on the source. No
+framework: the daemon must not grow a web stack for a handful of endpoints.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,8 +25,10 @@ from cdcd.errors import ConfigError
 
 _log = structlog.get_logger("cdcd.http")
 _MAX_HEADER_BYTES = 16384
+_MAX_BODY_BYTES = 65536
 _READ_TIMEOUT_S = 10.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 413: "Content Too Large", 503: "Service Unavailable"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +43,16 @@ class Response:
 
 
 Handler = Callable[[], Awaitable[Response] | Response]
+#: A POST endpoint: gets the request's JSON object.
+PostHandler = Callable[[dict[str, Any]], Awaitable[Response] | Response]
 
 
 class HttpServer:
-    def __init__(self, host: str, port: int, routes: dict[str, Handler]) -> None:
+    def __init__(self, host: str, port: int, routes: dict[str, Handler],
+                 post_routes: dict[str, PostHandler] | None = None) -> None:
         self.host, self.port = host, port
         self.routes = routes
+        self.post_routes = post_routes or {}
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -56,7 +66,8 @@ class HttpServer:
             ) from exc
         sock = self._server.sockets[0].getsockname()
         self.port = int(sock[1])
-        _log.info("http listening", address=f"{self.host}:{self.port}", endpoints=sorted(self.routes))
+        _log.info("http listening", address=f"{self.host}:{self.port}",
+                  endpoints=sorted([*self.routes, *self.post_routes]))
 
     async def close(self) -> None:
         if self._server is not None:
@@ -69,7 +80,10 @@ class HttpServer:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
             method, path = _parse_request_line(head)
-            response = await self._dispatch(method, path)
+            if method == "POST":
+                response = await self._post(path, head, reader, writer.get_extra_info("peername"))
+            else:
+                response = await self._dispatch(method, path)
             await _write(writer, response, include_body=method != "HEAD")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             pass  # a client that went away or sent garbage gets nothing more
@@ -86,11 +100,55 @@ class HttpServer:
     async def _dispatch(self, method: str, path: str) -> Response:
         handler = self.routes.get(path.split("?", 1)[0])
         if handler is None:
+            if path.split("?", 1)[0] in self.post_routes:
+                return Response(405, b"only POST, with a JSON object\n")
             return Response(404, f"not found; endpoints: {', '.join(sorted(self.routes))}\n".encode())
         if method not in ("GET", "HEAD"):
             return Response(405, b"only GET and HEAD\n")
         result = handler()
         return await result if not isinstance(result, Response) else result
+
+    async def _post(self, path: str, head: bytes, reader: asyncio.StreamReader, peer: Any) -> Response:
+        handler = self.post_routes.get(path.split("?", 1)[0])
+        if handler is None:
+            return Response(404 if path.split("?", 1)[0] not in self.routes else 405,
+                            f"no POST endpoint {path}; POST endpoints: {', '.join(sorted(self.post_routes))}\n"
+                            .encode())
+        if not _is_loopback(peer):
+            return Response.json(403, {"error": f"{path} is answered for clients on this host only (loopback); "
+                                                "run the cdcd command on the daemon's host"})
+        length = _content_length(head)
+        if length > _MAX_BODY_BYTES:
+            return Response.json(413, {"error": f"request body of {length} bytes; at most {_MAX_BODY_BYTES}"})
+        body = await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT_S) if length else b"{}"
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            return Response.json(400, {"error": f"the request body is not JSON: {exc}"})
+        if not isinstance(doc, dict):
+            return Response.json(400, {"error": "the request body must be a JSON object"})
+        result = handler(doc)
+        return await result if not isinstance(result, Response) else result
+
+
+def _is_loopback(peer: Any) -> bool:
+    try:
+        address = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
+    except (TypeError, IndexError, ValueError):
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack listener
+    return bool((mapped or address).is_loopback)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())  # ValueError: a 400 answer
+            if length < 0:
+                raise ValueError("negative Content-Length")
+            return length
+    return 0
 
 
 def _parse_request_line(head: bytes) -> tuple[str, str]:

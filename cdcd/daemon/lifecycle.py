@@ -3,7 +3,9 @@
 Signals: SIGTERM/SIGINT stop gracefully (exit 0); a second SIGTERM/SIGINT
 during the grace period, or SIGQUIT at any time, force-stops (pending
 batches dropped and counted, checkpoint at the last acked batch, exit
-``FORCE_STOPPED``); SIGHUP re-reads the log level from the config file.
+``FORCE_STOPPED``); SIGHUP re-reads the config file and applies ``log.level``
+and ``source.tables`` (``cdcd.daemon.operator``; a file that does not load
+changes nothing).
 sd_notify: READY=1 once ``Runtime.start()`` returned (checkpoint loaded,
 source connected), STATUS= while running, STOPPING=1, WATCHDOG=1 from the
 pipeline loop.
@@ -25,14 +27,15 @@ from typing import Any
 import structlog
 
 from cdcd import __version__
-from cdcd.config import Config, load_config
+from cdcd.config import Config
 from cdcd.daemon.exitcodes import ExitCode, exit_code_for
 from cdcd.daemon.httpserver import HttpServer, Response
 from cdcd.daemon.metrics import CONTENT_TYPE, make_registry, render
+from cdcd.daemon.operator import Answer, Operator
 from cdcd.daemon.progress import RateTracker, progress_fields, render_live, summary_line
 from cdcd.daemon.sdnotify import Notifier
-from cdcd.errors import CdcdError, ConfigError, StateError
-from cdcd.logging import bind_context, set_level
+from cdcd.errors import CdcdError, StateError
+from cdcd.logging import bind_context
 from cdcd.runtime.interfaces import Sink
 from cdcd.runtime.runtime import Runtime, RuntimeState
 
@@ -62,6 +65,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._http: HttpServer | None = None
+        self.operator = Operator(config, config_path, lambda: self.rt)
 
     # -- status for HTTP, metrics, progress ---------------------------------------
 
@@ -71,6 +75,7 @@ class Daemon:
             else {"state": RuntimeState.IDLE.value, "stats": {}, "source": {}, "checkpoint": None}
         )
         base.update(
+            incremental_snapshots=self.rt.source.snapshot_progress() if self.rt is not None else [],
             pid=os.getpid(), version=__version__, ready=self.is_ready(), source_kind=self.config.source.kind,
             uptime_s=round(time.time() - self.started_at, 1), stopping=self._stop.is_set(),
         )
@@ -140,13 +145,7 @@ class Daemon:
         self._force.set()
 
     def _on_reload(self) -> None:
-        try:
-            level = load_config(self.config_path).log.level
-        except ConfigError as exc:
-            _log.error("SIGHUP: config not reloaded, keeping the log level", error=str(exc))
-            return
-        set_level(level)
-        _log.warning("SIGHUP: log level set", level=level)  # warning so it shows at any level
+        self.operator.reload("SIGHUP")  # logs what it did, or why it changed nothing
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
@@ -214,6 +213,9 @@ class Daemon:
             "/healthz": self._healthz,
             "/readyz": self._readyz,
             "/status": lambda: Response.json(200, self.status()),
+        }, {
+            "/snapshot": lambda doc: _respond(self.operator.snapshot(doc)),
+            "/tables/reload": lambda doc: _respond(self.operator.reload("tables reload")),
         })
 
     async def _start(self) -> int | None:
@@ -324,6 +326,10 @@ class Daemon:
         finally:
             if live is not None:
                 live.stop()
+
+
+def _respond(answer: Answer) -> Response:
+    return Response.json(answer.status, answer.doc)
 
 
 def run_daemon(config: Config, config_path: Path) -> int:

@@ -106,6 +106,7 @@ def metrics_from_status(
                       max(0.0, monotonic_now - tick))
 
     out += _snapshot_metrics(source)
+    out += _incremental_metrics(status.get("incremental_snapshots") or [])
     tables = CounterMetricFamily("cdcd_table_events", "Committed change events per source table", labels=["table"])
     for table, count in sorted((stats.get("table_events") or {}).items()):
         tables.add_metric([str(table)], float(count))
@@ -154,6 +155,36 @@ def _snapshot_metrics(source: Mapping[str, Any]) -> Iterable[Metric]:
             estimate.add_metric([str(table)], est)
     yield rows
     yield estimate
+
+
+_INCREMENTAL_STATES = ("queued", "running", "done", "failed")
+
+
+def _incremental_metrics(jobs: Iterable[Mapping[str, Any]]) -> Iterable[Metric]:
+    """The incremental snapshots of this process (``cdcd snapshot``, tables added while running).
+
+    Per table the newest request counts (a table snapshotted twice shows its second run).
+    """
+    jobs = list(jobs)
+    states = GaugeMetricFamily("cdcd_incremental_snapshots", "Incremental snapshot requests of this process by state",
+                               labels=["state"])
+    for name in _INCREMENTAL_STATES:
+        states.add_metric([name], float(sum(1 for j in jobs if j.get("state") == name)))
+    yield states
+    newest = {str(j.get("table")): j for j in jobs}  # listed oldest first
+    running = GaugeMetricFamily("cdcd_incremental_snapshot_running", "1 while the table's incremental snapshot runs",
+                                labels=["table"])
+    rows = GaugeMetricFamily("cdcd_incremental_snapshot_rows", "Rows the table's newest incremental snapshot emitted",
+                             labels=["table"])
+    chunks = GaugeMetricFamily("cdcd_incremental_snapshot_chunks",
+                               "Chunks the table's newest incremental snapshot completed", labels=["table"])
+    for table, j in sorted(newest.items()):
+        running.add_metric([table], float(j.get("state") == "running"))
+        rows.add_metric([table], _num(j.get("rows")) or 0.0)
+        chunks.add_metric([table], _num(j.get("chunks")) or 0.0)
+    yield running
+    yield rows
+    yield chunks
 
 
 class StatusCollector(Collector):

@@ -19,9 +19,9 @@ import re
 from pathlib import Path
 
 FORMAT_NAME = "cdcd-landing"
-FORMAT_VERSION = 2
-#: Manifest versions this cdcd reads: 1 has no ``zone_id``, otherwise the same.
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: Manifest versions this cdcd reads: 1 has no ``zone_id``, 2 no ``covered`` list, otherwise the same.
+READABLE_VERSIONS = (1, 2, 3)
 
 MANIFESTS = "manifests"
 DATA = "data"

@@ -58,9 +58,19 @@ def file_entry(name: str, table: dict[str, Any], rows: int, blob: bytes, positio
     }
 
 
+def covered_entry(schema: str, name: str, below: str) -> dict[str, Any]:
+    """A manifest's record of a completed whole-table re-snapshot: the table's rows below ``below`` are gone."""
+    return {"table": {"schema": schema, "name": name}, "below": below}
+
+
+def covered_records(manifest: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The (schema, table, below) records of a manifest; none before version 3."""
+    return [(c["table"]["schema"], c["table"]["name"], c["below"]) for c in manifest.get("covered", ())]
+
+
 def batch_manifest(seq: int, run_id: str, zone_id: str, source_kind: str, rows: int, positions: set[str],
-                   files: list[dict[str, Any]]) -> dict[str, Any]:
-    """The sealed manifest that publishes batch ``seq``'s data files."""
+                   files: list[dict[str, Any]], covered: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The sealed manifest that publishes batch ``seq``'s data files (and its re-snapshot records)."""
     return seal(
         {
             "format": FORMAT_NAME,
@@ -74,5 +84,6 @@ def batch_manifest(seq: int, run_id: str, zone_id: str, source_kind: str, rows: 
             "first_position": min(positions) if positions else None,
             "last_position": max(positions) if positions else None,
             "files": files,
+            "covered": covered or [],
         }
     )

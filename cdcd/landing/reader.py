@@ -21,7 +21,7 @@ from cdcd.events import TableId
 from cdcd.fsutil import write_durably
 from cdcd.landing import layout
 from cdcd.landing.layout import CONSUMED, MANIFESTS
-from cdcd.landing.manifest import load_manifest
+from cdcd.landing.manifest import covered_records, load_manifest
 
 
 @dataclass(slots=True)
@@ -40,6 +40,28 @@ def table_files(landing: Path, segment: list[tuple[int, dict[str, Any]]]) -> dic
         for entry in manifest["files"]:
             name = (entry["table"]["schema"], entry["table"]["name"])
             out.setdefault(name, []).append(LandedFile(seq, str(landing / entry["path"]), entry))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Covered:
+    """What a run of batches says about one table's completed re-snapshots (docs/landing-format.md)."""
+
+    below: str  # the mirror's rows of the table with a lower ``_cdc_pos`` are gone from the source
+    seq: int  # the last batch that holds such a record
+
+
+def covered_tables(segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], Covered]:
+    """The covered records of a run of batches (seq, manifest) per (schema, table).
+
+    Several records of one table merge into the highest ``below``: applied after the run's
+    events, ``_cdc_pos < b1`` then ``_cdc_pos < b2`` removes what ``_cdc_pos < max(b1, b2)`` does.
+    """
+    out: dict[tuple[str, str], Covered] = {}
+    for seq, manifest in segment:
+        for schema, name, below in covered_records(manifest):
+            had = out.get((schema, name))
+            out[(schema, name)] = Covered(max(below, had.below) if had else below, seq)
     return out
 
 

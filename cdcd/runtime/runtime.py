@@ -35,7 +35,7 @@ import structlog
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
-from cdcd.events import ChangeEvent, Item, Mark, RowBlock, event_count
+from cdcd.events import ChangeEvent, Item, Mark, MarkKind, RowBlock, event_count
 from cdcd.positions import Position
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.barrier import CommitBarrier
@@ -318,7 +318,9 @@ class Runtime:
             try:
                 await self._barrier.reserve()
                 self._barrier.add(batch)
-                if batch.event_count:
+                # a completed re-snapshot's mark lands too: the consumer removes the rows it did not see
+                if batch.event_count or any(type(i) is Mark and i.kind is MarkKind.SNAPSHOT_COVERED
+                                            for i in batch.items):
                     await self._deliver_with_retry(batch)
                     self.stats.batches_delivered += 1
                 else:  # only marks: nothing to land, progress to checkpoint

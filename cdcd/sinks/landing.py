@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
-from cdcd.events import ChangeEvent, RowBlock, TableId, TableSchema
+from cdcd.events import ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.fsutil import fsync_dir, storage_fix, write_durably
 from cdcd.landing import layout
 from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
-from cdcd.landing.manifest import batch_manifest, canonical, file_entry
+from cdcd.landing.manifest import batch_manifest, canonical, covered_entry, file_entry
 from cdcd.landing.zone import ensure_zone_id
 from cdcd.runtime.interfaces import Batch, Sink
 from cdcd.sinks.arrow import block_to_table, describe_schema, events_to_table
@@ -93,6 +93,28 @@ def _group(batch: Batch) -> list[_Group]:
     return list(groups.values())
 
 
+def covered(batch: Batch) -> list[dict[str, Any]]:
+    """The manifest records of the batch's SNAPSHOT_COVERED marks, in batch order.
+
+    The mark's ``detail`` holds ``table`` (a ``TableId`` or its ``schema.table`` text) and
+    ``below`` (the position of the re-snapshot's first low watermark).
+    """
+    out = []
+    for item in batch.items:
+        if type(item) is Mark and item.kind is MarkKind.SNAPSHOT_COVERED:
+            table, below = item.detail.get("table"), item.detail.get("below")
+            try:
+                tid = table if isinstance(table, TableId) else TableId.parse(str(table))
+                encoded = below if isinstance(below, str) else below.encoded  # type: ignore[union-attr]
+            except (ValueError, AttributeError) as exc:
+                raise SinkFatal(
+                    f"batch {batch.seq}: a {item.kind} mark at {item.position.encoded} needs detail 'table' "
+                    f"(schema.table) and 'below' (a position), got {item.detail!r}: {exc}"
+                ) from exc
+            out.append(covered_entry(tid.schema, tid.name, encoded))
+    return out
+
+
 def _parquet_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="snappy")
@@ -150,7 +172,8 @@ class LandingWriter:
             rows += group.rows
             files.append(file_entry(name, describe_schema(group.schema), table.num_rows, blob, group.positions))
         fsync_dir(data)
-        return batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files)
+        return batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
+                              covered(batch))
 
     def publish(self, manifest: dict[str, Any]) -> None:
         manifests, _, _ = self.dirs

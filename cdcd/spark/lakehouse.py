@@ -36,6 +36,7 @@ from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
+from cdcd.spark.covered import apply_lakehouse as apply_covered
 from cdcd.spark.session import FORMAT_SETTINGS, session
 from cdcd.spark.state import TableState, TargetStore
 from cdcd.spark.strategy import Applied, Segment
@@ -434,4 +435,5 @@ class LakehouseStrategy:
                                              tables.get(name, TableState()), segment.run_id, out.timings[name])
             out.tables[name] = state
             out.events += n
+        apply_covered(self.spark, self.names, segment)  # completed re-snapshots, after the events
         return out

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from cdcd.landing.reader import LandedFile
+from cdcd.spark.covered import covered, rewrite_parquet, threshold
 from cdcd.spark.rule import (
     KIND,
     MIRROR_META,
@@ -167,7 +168,7 @@ class Rewrite:
     dirs: list[str]  # the directories of the rewritten buckets that exist (their rows take part)
 
 
-def apply_table(spark: SparkSession, t: TableInput, default_buckets: int) -> TableResult:
+def apply_table(spark: SparkSession, t: TableInput, default_buckets: int, below: str | None = None) -> TableResult:
     """Stage the change-log files and the rewritten mirror buckets of one table.
 
     Two Spark jobs whatever the number of landed batches: the change-log write,
@@ -186,6 +187,7 @@ def apply_table(spark: SparkSession, t: TableInput, default_buckets: int) -> Tab
     # the deduplicated events go on to the mirror too: a re-delivered event is already in it
     log, found = _write_changelog(spark, t, events, types, result)
     result.events = found.events
+    found.truncate_pos = threshold(found.truncate_pos, below)  # a completed re-snapshot: the rows below go
     plan = _plan_rewrite(t, found, state)
     _write_mirror(spark, t, _mirror_rows(spark, t, log, types, found, plan), plan, result)
     return result
@@ -323,14 +325,22 @@ class ParquetStrategy:
     def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
         work = self.store.work_dir / f"{segment.first:020d}"
         out = Applied()
+        cover = covered(segment)
         for n, ((schema, name), files) in enumerate(sorted(segment.tables().items())):
             table = f"{schema}.{name}"
             t = TableInput(table, files, tables.get(table, TableState()), segment.run_id,
                            self.store.table_dir(table), self.store.changelog_dir(table), work / f"t{n}")
-            r = apply_table(self.spark, t, self.buckets)
+            c = cover.pop((schema, name), None)
+            r = apply_table(self.spark, t, self.buckets, c.below if c else None)
             out.tables[table] = r.state
             out.events += r.events
             out.timings[table] = r.timings
             out.files += r.files
             out.buckets += r.buckets
+        for (schema, name), c in sorted(cover.items()):  # covered tables without events in the segment
+            table = f"{schema}.{name}"
+            if table in tables:
+                out.tables[table], swaps = rewrite_parquet(self.spark, self.store.table_dir(table), tables[table],
+                                                           c.below, work)
+                out.buckets += swaps
         return out

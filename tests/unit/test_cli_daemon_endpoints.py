@@ -140,3 +140,52 @@ def test_status_line_and_progress_log_name_a_storage_fault() -> None:
     doc["storage_fault"] = {"error": "checkpoint saves are failing: disk full", "failing_for_s": 12.0}
     assert "PAUSED for 12.0s: checkpoint saves are failing: disk full" in summary_line(doc)
     assert progress_fields(doc, RateTracker())["storage_fault"] == doc["storage_fault"]
+
+
+async def test_http_server_post_endpoints_take_a_json_object_from_loopback_clients() -> None:
+    from cdcd.daemon.httpserver import _is_loopback
+
+    seen: list[dict[str, Any]] = []
+
+    def take(doc: dict[str, Any]) -> Response:
+        seen.append(doc)
+        return Response.json(202, {"queued": doc})
+
+    server = HttpServer("127.0.0.1", 0, {"/status": lambda: Response(200, b"{}")}, {"/snapshot": take})
+    await server.start()
+    try:
+        body = b'{"table": "public.t", "where": "id > 5"}'
+        status, answer = await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Type: application/json\r\n"
+                                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert status == 202 and b'"where": "id > 5"' in answer
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\n\r\n"))[0] == 202  # no body: {}
+        assert seen == [{"table": "public.t", "where": "id > 5"}, {}]
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]"))[0] == 400
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Length: 3\r\n\r\n{x}"))[0] == 400
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Length: 999999\r\n\r\n"))[0] == 413
+        assert (await _get(server.port, b"GET /snapshot HTTP/1.1\r\n\r\n"))[0] == 405
+        assert (await _get(server.port, b"POST /status HTTP/1.1\r\n\r\n"))[0] == 405
+        assert (await _get(server.port, b"POST /other HTTP/1.1\r\n\r\n"))[0] == 404
+        assert len(seen) == 2
+    finally:
+        await server.close()
+    # only clients on the daemon's host may ask (a request can make the daemon run SQL on the source)
+    assert _is_loopback(("127.0.0.1", 5)) and _is_loopback(("::1", 5, 0, 0)) and _is_loopback(("::ffff:127.0.0.1", 5))
+    assert not _is_loopback(("10.1.2.3", 5)) and not _is_loopback(("fe80::1%eth0", 5)) and not _is_loopback(None)
+
+
+def test_metrics_report_incremental_snapshots_per_table() -> None:
+    doc = {**_status(10), "incremental_snapshots": [
+        {"table": "public.orders", "where": None, "state": "done", "chunks": 4, "rows": 400, "last_key": ["400"]},
+        {"table": "public.items", "where": "id > 5", "state": "failed", "chunks": 0, "rows": 0, "error": "bad"},
+        {"table": "public.orders", "where": None, "state": "running", "chunks": 2, "rows": 150, "last_key": ["150"]},
+        {"table": "public.more", "where": None, "state": "queued", "chunks": 0, "rows": 0, "last_key": None},
+    ]}
+    samples = _samples(render(make_registry(lambda: doc, lambda: True)).decode())
+    assert [samples[("cdcd_incremental_snapshots", (("state", s),))] for s in ("queued", "running", "done", "failed")
+            ] == [1, 1, 1, 1]
+    orders = (("table", "public.orders"),)
+    assert samples[("cdcd_incremental_snapshot_running", orders)] == 1  # the newest request of the table
+    assert samples[("cdcd_incremental_snapshot_rows", orders)] == 150
+    assert samples[("cdcd_incremental_snapshot_chunks", orders)] == 2
+    assert samples[("cdcd_incremental_snapshot_running", (("table", "public.items"),))] == 0

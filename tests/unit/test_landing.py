@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from cdcd.errors import SinkFatal
-from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
+from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.landing.reader import consumed_seqs, landed_seqs, mark_consumed, read_batches
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
@@ -71,7 +71,7 @@ async def test_batch_lands_with_typed_columns_and_metadata(tmp_path: Path) -> No
     [landed] = read_batches(tmp_path)
     assert landed.seq == 7 and not landed.consumed
     m = landed.manifest
-    assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 2, 7, 6)
+    assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 3, 7, 6)
     assert m["first_position"] == PgPosition(100, 0).encoded and m["last_position"] == PgPosition(500, 1).encoded
     assert [f["rows"] for f in m["files"]] == [5, 1]
     orders = landed.tables[ORDERS.table]
@@ -234,3 +234,60 @@ async def test_zone_identity_is_created_once_and_stamped_on_every_manifest(tmp_p
     old = {k: v for k, v in load_manifest(path).items() if k not in ("zone_id", "checksum")}
     path.write_text(json.dumps(seal({**old, "version": 1})))
     assert "zone_id" not in load_manifest(path)
+
+
+def covered_mark(lsn: int, below: PgPosition, table: object = ORDERS.table) -> Mark:
+    return Mark(MarkKind.SNAPSHOT_COVERED, PgPosition(lsn, 0), {"table": table, "below": below})
+
+
+async def test_a_completed_resnapshot_is_recorded_in_the_manifest(tmp_path: Path) -> None:
+    from cdcd.landing.manifest import covered_records
+    from cdcd.landing.reader import Covered, covered_tables
+
+    sink = LandingSink(tmp_path, source_kind="postgres")
+    await sink.open()
+    # with rows: the record rides along; the table may be a TableId or its text
+    await sink.deliver(Batch(3, [*mixed_batch(3).items, covered_mark(600, PgPosition(150, 0)),
+                                 covered_mark(600, PgPosition(90, 0), "public.items")]))
+    # a batch of marks only lands when it holds such a record; rows: none, files: none
+    await sink.deliver(Batch(4, [Mark(MarkKind.HEARTBEAT, PgPosition(700, 0)),
+                                 covered_mark(800, PgPosition(650, 0))]))
+    await sink.close()
+    first, second = read_batches(tmp_path)
+    assert covered_records(first.manifest) == [("public", "orders", PgPosition(150, 0).encoded),
+                                               ("public", "items", PgPosition(90, 0).encoded)]
+    assert first.manifest["event_count"] == 6
+    m = second.manifest
+    assert (m["event_count"], m["files"], m["first_position"], m["last_position"]) == (0, [], None, None)
+    assert m["covered"] == [{"table": {"schema": "public", "name": "orders"}, "below": PgPosition(650, 0).encoded}]
+    # per table over a run of batches: the highest threshold and the last batch holding a record
+    assert covered_tables([(b.seq, b.manifest) for b in (first, second)]) == {
+        ("public", "orders"): Covered(PgPosition(650, 0).encoded, 4),
+        ("public", "items"): Covered(PgPosition(90, 0).encoded, 3),
+    }
+
+
+async def test_a_version_2_manifest_reads_without_covered_records(tmp_path: Path) -> None:
+    from cdcd.landing.manifest import covered_records, load_manifest, seal
+
+    sink = LandingSink(tmp_path, source_kind="postgres")
+    await sink.open()
+    await sink.deliver(mixed_batch(1))
+    await sink.close()
+    path = tmp_path / "manifests" / "00000000000000000001.json"
+    old = {k: v for k, v in load_manifest(path).items() if k not in ("covered", "checksum")}
+    path.write_text(json.dumps(seal({**old, "version": 2})))
+    [landed] = read_batches(tmp_path)
+    assert landed.manifest["version"] == 2 and covered_records(landed.manifest) == []
+    path.write_text(json.dumps(seal({**old, "version": 4})))  # a newer format is refused, naming the fix
+    with pytest.raises(SinkFatal, match="format version 4; this cdcd reads versions 1, 2, 3"):
+        read_batches(tmp_path)
+
+
+async def test_a_covered_mark_without_its_detail_is_refused(tmp_path: Path) -> None:
+    sink = LandingSink(tmp_path, source_kind="postgres")
+    await sink.open()
+    with pytest.raises(SinkFatal, match=r"needs detail 'table' \(schema.table\) and 'below'"):
+        await sink.deliver(Batch(1, [Mark(MarkKind.SNAPSHOT_COVERED, PgPosition(1, 0), {"table": "orders"})]))
+    await sink.close()
+    assert landed_seqs(tmp_path) == []

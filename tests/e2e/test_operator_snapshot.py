@@ -1,0 +1,181 @@
+"""The operator's commands against a running `cdcd run` on the session PostgreSQL.
+
+`cdcd snapshot TABLE` re-snapshots a table whose rows were deleted behind cdcd's back while
+a workload writes; the Spark consumer then removes those rows (the landing's covered record)
+and `cdcd verify` finds the mirror equal to the source. `cdcd tables reload` and SIGHUP
+re-read source.tables; a config that does not load changes nothing; progress shows in
+/status, /metrics and `cdcd status`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_daemon_lifecycle import CDCD, WAIT_S, Daemon, create_orders, daemons, make_config, workload
+
+from cdcd.daemon.exitcodes import ExitCode
+from cdcd.devservers import PostgresServer
+from cdcd.landing.manifest import covered_records
+from cdcd.landing.reader import read_batches
+
+__all__ = ["daemons"]  # the fixture
+
+
+def cdcd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CDCD, *args], capture_output=True, text=True, timeout=WAIT_S)
+
+
+def job(d: Daemon, table: str) -> dict[str, Any] | None:
+    """The newest incremental snapshot of ``table`` in the daemon's /status."""
+    found = [j for j in d.status().get("incremental_snapshots") or [] if j["table"] == table]
+    return found[-1] if found else None
+
+
+def done(d: Daemon, table: str, before: int = 0) -> bool:
+    jobs = [j for j in d.status().get("incremental_snapshots") or [] if j["table"] == table]
+    assert not any(j["state"] == "failed" for j in jobs), jobs
+    return len(jobs) > before and jobs[-1]["state"] == "done"
+
+
+def metric(d: Daemon, name: str, table: str) -> float | None:
+    got = d.get("/metrics")
+    assert got is not None and got[0] == 200
+    for family in text_string_to_metric_families(got[1]):
+        for s in family.samples:
+            if s.name == name and s.labels.get("table") == table:
+                return float(s.value)
+    return None
+
+
+def source_max_id(pg: PostgresServer, db: str) -> int:
+    return int(pg.psql("SELECT max(id) FROM orders", db).strip())
+
+
+def landed_ids(landing: Path) -> set[int]:
+    return {r["id"] for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()
+            if r.get("id") is not None}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_resnapshot_after_rows_deleted_behind_cdcds_back_ends_equal(
+        pg_server: PostgresServer, pg_db: str, tmp_path: Path, daemons: list[Daemon]) -> None:
+    create_orders(pg_server, pg_db, 300)
+    cfg, http = make_config(tmp_path, pg_server.port, pg_db, snapshot={"chunk_rows": 40})
+    d = Daemon(cfg, http)
+    daemons.append(d)
+    d.wait_ready()
+    d.wait("the initial snapshot landed", lambda: len(landed_ids(tmp_path / "landing")) >= 300)
+    # behind cdcd's back: deletes while the table is out of the publication are never decoded
+    pub = f"p_{pg_db}"
+    for sql in (f"ALTER PUBLICATION {pub} DROP TABLE orders", "DELETE FROM orders WHERE id % 7 = 0",
+                f"ALTER PUBLICATION {pub} ADD TABLE orders"):  # three transactions
+        pg_server.psql(sql, pg_db)
+
+    writer = workload(pg_server, pg_db, 1000, 300)  # inserts committed while the chunks are read
+    try:
+        asked = cdcd("snapshot", "-c", str(cfg), "public.orders")
+        assert asked.returncode == 0, asked.stderr
+        assert "queued: an incremental snapshot of public.orders" in asked.stdout
+        d.wait("the re-snapshot done", lambda: done(d, "public.orders"))
+    finally:
+        assert writer.wait(WAIT_S) == 0
+    progress = job(d, "public.orders")
+    assert progress is not None and progress["chunks"] >= 6 and progress["rows"] >= 250, progress
+    assert metric(d, "cdcd_incremental_snapshot_rows", "public.orders") == progress["rows"]
+    assert metric(d, "cdcd_incremental_snapshot_running", "public.orders") == 0
+    shown = cdcd("status", "-c", str(cfg))
+    assert f"incremental snapshot public.orders: done, {progress['chunks']} chunks" in shown.stdout, shown.stdout
+
+    last = source_max_id(pg_server, pg_db)
+    d.wait("the workload landed", lambda: last in landed_ids(tmp_path / "landing"))
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.exit_code() == ExitCode.OK
+    records = [r for b in read_batches(tmp_path / "landing") for r in covered_records(b.manifest)]
+    assert [(s, t) for s, t, _ in records] == [("public", "orders")]
+
+    target = tmp_path / "target"
+    spark = cdcd("spark", "run", "--landing", str(tmp_path / "landing"), "--target", str(target), "--once",
+                 "--format", "parquet")
+    assert spark.returncode == 0, spark.stderr[-3000:]
+    verify = cdcd("verify", "-c", str(cfg), "--target", str(target))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # the consumer removed the rows deleted behind cdcd's back, which no landed event deletes
+    mirror = {int(r["id"]) for r in _mirror_rows(target)}
+    assert not {i for i in mirror if i % 7 == 0 and i <= 300}
+    assert len(mirror) == int(pg_server.psql("SELECT count(*) FROM orders", pg_db).strip())
+
+    stopped = cdcd("snapshot", "-c", str(cfg), "public.orders")
+    assert stopped.returncode == ExitCode.FAILURE and "no cdcd daemon runs on" in stopped.stderr
+
+
+def _mirror_rows(target: Path) -> list[dict[str, Any]]:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(target / "tables" / "public.orders").to_table(columns=["id"]).to_pylist()  # type: ignore[no-any-return]
+
+
+def test_tables_reload_and_sighup_and_refused_requests(
+        pg_server: PostgresServer, pg_db: str, tmp_path: Path, daemons: list[Daemon]) -> None:
+    create_orders(pg_server, pg_db, 20)
+    pg_server.psql("CREATE TABLE items (id int PRIMARY KEY, name text);"
+                   "INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 100) g", pg_db)
+    # a chunk fills a batch: the marks after the last chunk come in a batch of marks only, which lands
+    # because it holds the covered record
+    cfg, http = make_config(tmp_path, pg_server.port, pg_db, snapshot={"chunk_rows": 25},
+                            landing={"max_batch_events": 25})
+    cli = tmp_path / "cli.toml"  # the CLI's copy: finds the daemon while the daemon's file is broken
+    shutil.copy(cfg, cli)
+    good = cfg.read_text()
+    d = Daemon(cfg, http)
+    daemons.append(d)
+    d.wait_ready()
+
+    unknown = cdcd("snapshot", "-c", str(cli), "public.items", "--where", "id > 5")
+    assert unknown.returncode == ExitCode.FAILURE
+    assert "table 'public.items' is not captured; source.tables lists: public.orders" in unknown.stderr
+
+    cfg.write_text(good.replace('tables = ["public.orders"]', 'tables = ["public.orders", "items"]'))
+    broken = cdcd("tables", "reload", "-c", str(cli))
+    assert broken.returncode == ExitCode.FAILURE
+    assert "config not reloaded, the running daemon is unchanged" in broken.stderr and "items" in broken.stderr
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait("SIGHUP refused", lambda: any(e["event"].startswith("SIGHUP: config not reloaded")
+                                         for e in d.log_lines()))
+    assert (d.get("/readyz") or (0,))[0] == 200 and job(d, "public.items") is None
+
+    cfg.write_text(good.replace('tables = ["public.orders"]', 'tables = ["public.orders", "public.items"]'))
+    reloaded = cdcd("tables", "reload", "-c", str(cli))
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert "added public.items" in reloaded.stdout
+    d.wait("public.items snapshotted", lambda: done(d, "public.items"))
+    d.wait("public.items landed", lambda: sum(
+        t.num_rows for b in read_batches(tmp_path / "landing") for tid, t in b.tables.items()
+        if str(tid) == "public.items") >= 100)
+    where = cdcd("snapshot", "-c", str(cli), "public.items", "--where", "id > 80")
+    assert where.returncode == 0 and "the rows of public.items where id > 80" in where.stdout, where.stderr
+    d.wait("the WHERE snapshot done", lambda: done(d, "public.items", before=1))
+    assert job(d, "public.items")["rows"] == 20  # type: ignore[index]
+
+    # SIGHUP with the table removed: no longer captured (what was landed stays)
+    cfg.write_text(good)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait("SIGHUP reload", lambda: any(e["event"] == "SIGHUP: config reloaded" and e.get("tables_removed")
+                                        == ["public.items"] for e in d.log_lines()))
+    again = cdcd("tables", "reload", "-c", str(cli))
+    assert again.returncode == 0 and "source.tables unchanged (public.orders)" in again.stdout
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.exit_code() == ExitCode.OK
+    # the whole-table snapshot of the added table records what it covered; the WHERE snapshot records nothing
+    records = [r for b in read_batches(tmp_path / "landing") for r in covered_records(b.manifest)]
+    assert [(s, t) for s, t, _ in records] == [("public", "items")]
+    no_http = tmp_path / "nohttp.toml"
+    no_http.write_text(good.replace(f'listen = "127.0.0.1:{http}"', 'listen = ""'))
+    off = cdcd("snapshot", "-c", str(no_http), "public.orders")
+    assert off.returncode == ExitCode.CONFIG and "http.listen is off" in off.stderr
