@@ -271,9 +271,19 @@ class ReplicationConnection:
         self.stall_timeout_s = max(timeout, 3 * interval)
         return interval
 
-    async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float) -> None:
+    def server_major(self) -> int:
+        """The server's major version from its ``server_version`` parameter (``15.4 (Debian ...)`` -> 15)."""
+        text = self.server_params.get("server_version", "")
+        digits = text.split(".")[0].split()[0] if text.strip() else ""
+        return int(digits) if digits.isdigit() else 0
+
+    async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float,
+                                stream_in_progress: bool = False) -> None:
+        """START_REPLICATION with pgoutput protocol 1, or 2 with ``streaming 'on'`` (in-progress transactions
+        streamed, PostgreSQL 14+) when ``stream_in_progress``."""
+        proto = "proto_version '2', streaming 'on'" if stream_in_progress else "proto_version '1'"
         sql = (f'START_REPLICATION SLOT "{slot}" LOGICAL {format_lsn(start_lsn)} '
-               f"(proto_version '1', publication_names '\"{publication}\"', messages 'true')")
+               f"({proto}, publication_names '\"{publication}\"', messages 'true')")
         self._writer.write(p.query_message(sql))
         await self._writer.drain()
         while True:

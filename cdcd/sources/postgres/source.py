@@ -27,6 +27,7 @@ from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import SlotInfo
 from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
+from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, check_slot, decide
 from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.snapshot import PgSnapshot, SnapshotReader, SnapshotTable
@@ -56,8 +57,10 @@ class PostgresSource(Source):
         self._mode = config.snapshot.mode
         self._t = PgTables(self._params, self._tables)
         self._coord = CaptureCoordinator(config, log, phase="streaming")
+        # The spool of in-progress transactions (protocol 2) lives in the state directory: one daemon per state.path.
+        inprogress = InProgress(spool_dir(config.state.path)) if src.postgres.stream_in_progress else None
         self._stream = PgStream(self._t, self._slot, self._publication, src.postgres.heartbeat_s, self._coord,
-                                self._identity_on_connect)
+                                self._identity_on_connect, inprogress)
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
         self._start_mark: Mark | None = None
