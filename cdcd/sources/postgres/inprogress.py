@@ -70,6 +70,7 @@ class InProgress:
         self._current_xid = 0
         self.committed = 0  # streamed transactions replayed (this process)
         self.aborted = 0  # streamed transactions dropped (this process)
+        self.aborted_subtransactions = 0  # subtransaction aborts of spooled transactions (this process)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -103,7 +104,8 @@ class InProgress:
 
     def status(self) -> dict[str, Any]:
         return {"transactions": len(self._txns), "spool_bytes": sum(t.bytes for t in self._txns.values()),
-                "committed": self.committed, "aborted": self.aborted}
+                "committed": self.committed, "aborted": self.aborted,
+                "aborted_subtransactions": self.aborted_subtransactions}
 
     # ------------------------------------------------------------ translation
 
@@ -177,6 +179,7 @@ class InProgress:
             self.aborted += 1
         else:
             self._txns[msg.xid].aborted.add(msg.subxid)
+            self.aborted_subtransactions += 1
 
     def _drop(self, xid: int) -> None:
         txn = self._txns.pop(xid)
