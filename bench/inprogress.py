@@ -1,9 +1,12 @@
 """One large PostgreSQL transaction, pgoutput protocol 1 next to protocol 2 (in-progress streaming), same run.
 
-For each protocol: a daemon streams from a new slot; one ``INSERT ... SELECT generate_series`` of ``n`` rows
-commits; measured are the seconds from its commit until its first and its last row are landed and checkpointed,
-the server's spill and stream counters for the slot (``pg_stat_replication_slots``, reset before the
-transaction), the peak size of cdcd's in-progress spool and the daemon's peak RSS.
+For each protocol and each shape of the transaction (one ``INSERT ... SELECT generate_series`` of ``n`` rows, as
+fast as the server writes it; or ``PACED_STATEMENTS`` inserts of ``n / PACED_STATEMENTS`` rows with
+``PACED_PAUSE_S`` between them, a transaction that runs longer than the server needs to decode it): a daemon
+streams from a new slot, the transaction commits; measured are the seconds from its commit until its first and
+its last row are landed and checkpointed, the server's spill and stream counters for the slot
+(``pg_stat_replication_slots``, reset before the transaction), the peak size of cdcd's in-progress spool and
+the daemon's peak RSS.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from cdcd.devservers import PostgresServer
 from cdcd.sources.postgres.inprogress import SPOOL_DIR, SUFFIX
 
 Row = dict[str, Any]
+
+PACED_STATEMENTS = 20
+PACED_PAUSE_S = 0.5
 
 
 def _spool_bytes(state: Path) -> int:
@@ -65,6 +71,17 @@ def _wait_checkpoint(daemon: Daemon, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def _transaction(lo: int, n: int, paced: bool) -> str:
+    def insert(a: int, b: int) -> str:
+        return f"INSERT INTO narrow (id, a, b) SELECT g, g % 1000, 'row ' || g FROM generate_series({a}, {b}) g;"
+
+    if not paced:
+        return insert(lo, lo + n - 1)
+    step = -(-n // PACED_STATEMENTS)
+    parts = [insert(a, min(a + step, lo + n) - 1) for a in range(lo, lo + n, step)]
+    return "BEGIN;" + f"SELECT pg_sleep({PACED_PAUSE_S});".join(parts) + "COMMIT;"
+
+
 def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list[Row]:
     work.mkdir(parents=True)
     db = pg.create_database("bench_inprogress")
@@ -74,10 +91,11 @@ def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list
     work_mem = pg.psql("SHOW logical_decoding_work_mem", db)
     n = int(sizes["inprogress_tx"])
     rows: list[Row] = []
-    for proto in (1, 2):
-        d = work / f"proto{proto}"
+    runs = [(paced, proto) for paced in (False, True) for proto in (1, 2)]
+    for i, (paced, proto) in enumerate(runs):
+        d = work / f"run{i}"
         d.mkdir()
-        slot = f"inprogress{proto}"
+        slot = f"inprogress{i}"
         source = {"kind": "postgres", "port": pg.port, "user": "postgres", "database": db,
                   "tables": ["public.narrow"], "sslmode": "disable",
                   "postgres": {"slot": slot, "publication": "cdcd", "stream_in_progress": proto == 2}}
@@ -89,10 +107,8 @@ def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list
             base = daemon.committed_events()
             pg.psql(f"SELECT pg_stat_reset_replication_slot('{slot}')", db)
             watcher.start()
-            lo = 1 + (proto - 1) * n
             began = time.time()
-            pg.psql(f"INSERT INTO narrow (id, a, b) SELECT g, g % 1000, 'row ' || g "
-                    f"FROM generate_series({lo}, {lo + n - 1}) g", db)
+            pg.psql(_transaction(1 + i * n, n, paced), db)
             committed = time.time()
             first = _wait(daemon, base + 1, 1800)
             last = _wait(daemon, base + n, 1800)
@@ -107,8 +123,9 @@ def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list
             f"WHERE slot_name = '{slot}'", db).split("|"))
         pg.psql(f"SELECT pg_drop_replication_slot('{slot}')", db)
         rows.append({
-            "measure": f"one {n:,}-row transaction, pgoutput protocol {proto}"
-                       + (" (in-progress streaming)" if proto == 2 else ""),
+            "measure": f"one {n:,}-row transaction"
+                       + (f" ({PACED_STATEMENTS} inserts, {PACED_PAUSE_S} s apart)" if paced else " (one insert)")
+                       + f", pgoutput protocol {proto}" + (" (in-progress streaming)" if proto == 2 else ""),
             "unit": "s", "commit_to_landed_s": round(last - committed, 2),
             "commit_to_first_s": round(first - committed, 2), "transaction_s": round(committed - began, 2),
             "spill_bytes": spill_bytes, "spill_txns": spill_txns, "stream_bytes": stream_bytes,

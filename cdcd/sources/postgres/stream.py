@@ -159,6 +159,9 @@ class PgStream:
         async for chunk in repl.xlog():
             for messages in spool.translate([x.data for x in chunk]):
                 yield messages
+                # A replay comes from a local file and never waits: let the runtime's timer seal batches, its
+                # deliverer land them and the status updates go out meanwhile.
+                await asyncio.sleep(0)
 
     async def _decode(self, wire: AsyncIterator[list[bytes]]) -> AsyncIterator[Item]:
         relations = pgoutput.RelationCache()

@@ -6,6 +6,7 @@ exceeds it while still running and the server streams it in blocks (the status c
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from pg_helpers import Driver, changes, marks
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op
+from cdcd.runtime.interfaces import ResumePoint
+from cdcd.sources.postgres import PostgresSource
 from cdcd.sources.postgres.inprogress import SUFFIX, spool_dir
 
 NEVER = {"mode": "never"}
@@ -225,3 +228,42 @@ async def test_protocol_1_and_2_land_identical_events(
     assert len(l1) > 20000
     assert l1 == l2
     assert _spool_files(one) == [] and _spool_files(two) == []
+
+
+@pytest.mark.usefixtures("small_work_mem")
+async def test_the_replay_of_a_streamed_transaction_lets_other_tasks_run(
+        pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    """The replay reads a local file and never waits for the network: it must still yield to the event loop, or
+    the runtime could not seal and land batches, nor the connection send status updates, until it ends."""
+    sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    cfg = _config(make_config, pg_db, ["public.t"])
+    source = PostgresSource(cfg)
+    await source.connect(ResumePoint(None, {}))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task: asyncio.Task[None] | None = None
+    stream = source.stream()
+    try:
+        sql("BEGIN; INSERT INTO t SELECT g, repeat('x', 40) FROM generate_series(1, 20000) g; COMMIT")
+        at_first = at_commit = -1
+        task = asyncio.create_task(ticker())
+        async with asyncio.timeout(120):
+            async for item in stream:  # directly, as the runtime's reader does: no wait_for per item
+                if isinstance(item, ChangeEvent) and at_first < 0:
+                    at_first = ticks
+                elif isinstance(item, Mark) and item.kind == MarkKind.COMMIT:
+                    at_commit = ticks
+                    break
+        assert source.status()["in_progress"]["committed"] == 1
+        assert at_commit - at_first >= 5, (at_first, at_commit)  # 20,000 rows: about 10 replay lists
+    finally:
+        if task is not None:
+            task.cancel()
+        await stream.aclose()  # type: ignore[attr-defined]
+        await source.close()
