@@ -125,6 +125,13 @@ def test_a_non_transactional_message_inside_a_block_passes_through(spool: ip.InP
     assert isinstance(po.decode(out[0]), po.LogicalMessage)
 
 
+def test_an_origin_message_after_stream_start_is_left_out(spool: ip.InProgress) -> None:
+    origin = b"O" + struct.pack("!Q", 0) + b"pg_16400\x00"  # no xid: PostgreSQL sends it right after Stream Start
+    row = insert(1, b"x")
+    out = run(spool, [start(55, True), origin, streamed(55, row), STOP, commit(55, 0x10, 0x20)])
+    assert out[1:-1] == [row]
+
+
 def test_the_replay_is_handed_out_in_bounded_lists_across_read_blocks(spool: ip.InProgress,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ip, "_READ_BLOCK", 7)  # records straddle every read

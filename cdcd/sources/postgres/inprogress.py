@@ -47,6 +47,7 @@ _WRITE_BUFFER = 1 << 20
 _REC = struct.Struct("!II")  # the (sub)transaction's xid, the message's length
 _KEPT_ON_ABORT = frozenset(b"RY")  # Relation and Type messages: the server will not send them again
 _MESSAGE = ord("M")
+_ORIGIN = ord("O")
 
 
 @dataclass
@@ -121,6 +122,8 @@ class InProgress:
                 if data[:1] == b"E":
                     self._current = None
                     continue
+                if data[0] == _ORIGIN:
+                    continue  # a Stream Start's Origin (the transaction was replicated here): no xid, no change
                 subxid, body = pgoutput.split_streamed(data)
                 if subxid == 0 and data[0] == _MESSAGE:
                     out.append(body)  # a non-transactional logical message (xid 0): not part of the transaction

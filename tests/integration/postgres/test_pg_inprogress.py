@@ -132,6 +132,30 @@ async def test_rolled_back_subtransactions_of_a_streamed_transaction_land_nothin
 
 
 @pytest.mark.usefixtures("small_work_mem")
+async def test_a_streamed_transaction_with_a_replication_origin_lands(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    """A transaction a logical replication subscriber applied has an origin: its stream blocks start with an
+    Origin message, which carries no xid (capturing a database that is itself a subscriber)."""
+    sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    cfg = _config(make_config, pg_db, ["public.t"])
+    conn = await asyncpg.connect(pg_server.dsn(pg_db))
+    try:
+        async with Driver(cfg) as d:
+            await conn.execute(f"SELECT pg_replication_origin_create('o_{pg_db}')")
+            await conn.execute(f"SELECT pg_replication_origin_session_setup('o_{pg_db}')")
+            await conn.execute("BEGIN; INSERT INTO t SELECT g, repeat('x', 40) FROM generate_series(1, 5000) g; "
+                               "COMMIT")
+            items = await _until_commits(d, 1)
+            status = d.source.status()
+    finally:
+        await conn.execute("SELECT pg_replication_origin_session_reset()")
+        await conn.execute(f"SELECT pg_replication_origin_drop('o_{pg_db}')")
+        await conn.close()
+    assert status["in_progress"]["committed"] == 1, status
+    assert _ids(changes(items)) == list(range(1, 5001))
+
+
+@pytest.mark.usefixtures("small_work_mem")
 async def test_interleaved_streamed_transactions_arrive_whole_in_commit_order(
         pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
     sql("CREATE TABLE t (id int PRIMARY KEY, who text)")
