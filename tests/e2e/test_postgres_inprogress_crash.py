@@ -115,3 +115,26 @@ def test_sigkill_mid_stream_rereads_the_transaction_and_lands_it_once(setup: Set
     commit_lsn = int(max(positions).split(":")[1], 16)
     s.wait("the slot confirmed the transaction", lambda: s.confirmed_flush() >= commit_lsn)
     _check_flush_within_checkpoint(s)
+
+
+def test_a_full_state_volume_holds_the_stream_until_the_spool_fits(setup: Setup) -> None:
+    """The spool of a streamed transaction cannot be written (ENOSPC): the stream reconnects with backoff and the
+    server sends the transaction again; once the volume has room it lands, exactly once."""
+    from test_faults_disk import fill, tmpfs  # the tmpfs helpers of the disk fault tests
+
+    s = setup
+    s.server.psql("CREATE TABLE t (id int PRIMARY KEY, v text)", s.db)
+    with tmpfs(s.state, "32m"):
+        s.start("landed", snapshot={"mode": "never"})
+        s.wait("the start mark in the checkpoint", lambda: s.checkpoint() is not None)
+        filler = fill(s.state)
+        s.server.psql("INSERT INTO t SELECT g, repeat('x', 30) FROM generate_series(1, 20000) g", s.db)
+        s.wait("the spool failure reported", lambda: "cannot write the in-progress transaction spool" in s.tail()
+               or "cannot create the in-progress transaction spool" in s.tail())
+        assert s.landed() == [], "nothing of a transaction that could not be staged may land"
+        filler.unlink()
+        s.wait("the transaction landed", lambda: len(s.landed()) >= 20000)
+        landed = s.landed()
+        assert sorted(r["id"] for r in landed) == list(range(1, 20001))
+        assert len({r["_cdc_pos"] for r in landed}) == 20000
+        s.kill()

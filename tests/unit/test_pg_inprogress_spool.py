@@ -172,3 +172,24 @@ def test_a_spool_that_cannot_be_written_is_an_error_naming_the_fix(tmp_path: Pat
     s = ip.InProgress(tmp_path / "file" / "spool")
     with pytest.raises(SourceError, match="stream_in_progress = false"):
         s.reset()
+
+
+def test_discarding_spools_survives_a_failing_flush(spool: ip.InProgress, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a full volume the buffered rest of a spool cannot be flushed when it is closed: closing the connection's
+    spools (and aborting a transaction) must still work, or the replication connection would stay open."""
+    run(spool, [start(80, True), streamed(80, insert(1, b"x")), STOP, start(81, True), streamed(81, insert(1, b"y")),
+                STOP])
+
+    class Full:
+        def __init__(self, real: object) -> None:
+            self.real = real
+
+        def close(self) -> None:
+            self.real.close()  # type: ignore[attr-defined]
+            raise OSError(28, "No space left on device")
+
+    for txn in spool._txns.values():
+        txn.file = Full(txn.file)  # type: ignore[assignment]
+    assert run(spool, [abort(80, 80)]) == []
+    spool.close()
+    assert spooled(spool) == []

@@ -99,7 +99,7 @@ class InProgress:
 
     def _close_files(self) -> None:
         for txn in self._txns.values():
-            txn.file.close()
+            _discard(txn.file)
         self._txns.clear()
         self._current = None
 
@@ -188,7 +188,7 @@ class InProgress:
         txn = self._txns.pop(xid)
         if self._current is txn:
             self._current = None
-        txn.file.close()
+        _discard(txn.file)
         txn.path.unlink(missing_ok=True)
 
     def _replay(self, msg: pgoutput.StreamCommit) -> Iterator[list[bytes]]:
@@ -249,6 +249,16 @@ class InProgress:
                            f"{storage_fix(exc)} (or set source.postgres.stream_in_progress = false to let the "
                            "server hold large transactions until they commit)")
 
+
+
+def _discard(file: BinaryIO) -> None:
+    """Close a spool file whose content is being thrown away. Closing flushes the write buffer, which fails
+    on the very volume faults that end a spool (ENOSPC): that error concerns bytes no one will read, and the
+    descriptor is closed anyway, so it must not stop the cleanup (the write itself already raised)."""
+    try:
+        file.close()
+    except OSError:
+        return
 
 
 def spool_dir(state_path: Path) -> Path:

@@ -144,9 +144,11 @@ class PgStream:
                 with contextlib.suppress(BaseException):
                     await heartbeat
             self.repl = None
-            if self._inprogress is not None:
-                self._inprogress.close()
-            await repl.close()
+            try:
+                if self._inprogress is not None:
+                    self._inprogress.close()
+            finally:  # an open connection would keep the slot active: the reconnect could not start again
+                await repl.close()
 
     @staticmethod
     async def _wire(repl: ReplicationConnection, spool: InProgress | None) -> AsyncIterator[list[bytes]]:
