@@ -11,6 +11,8 @@ from cdcd.errors import SourceError
 from cdcd.sources.postgres import inprogress as ip
 from cdcd.sources.postgres import pgoutput as po
 from cdcd.sources.postgres.protocol import ProtocolError
+from cdcd.sources.postgres.replication import server_major
+from cdcd.sources.postgres.stream import STREAMING_SINCE
 
 TS = 784_000_000_123_456  # microseconds since 2000-01-01
 
@@ -193,3 +195,10 @@ def test_discarding_spools_survives_a_failing_flush(spool: ip.InProgress, monkey
     assert run(spool, [abort(80, 80)]) == []
     spool.close()
     assert spooled(spool) == []
+
+
+@pytest.mark.parametrize(("text", "major"), [("15.4 (Debian 15.4-1.pgdg120+1)", 15), ("17beta1", 17), ("14.0", 14),
+                                             ("16devel", 16), ("9.6.24", 9), ("", 0), ("EnterpriseDB 15", 0)])
+def test_the_server_major_version_decides_the_protocol(text: str, major: int) -> None:
+    assert server_major(text) == major
+    assert (server_major(text) >= STREAMING_SINCE) == (major >= 14)

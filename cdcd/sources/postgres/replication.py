@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -70,6 +71,12 @@ def parse_duration_s(text: str) -> float:
     number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = text[len(number):] or "ms"  # wal_sender_timeout's base unit
     return float(number) * _UNITS_S.get(unit, 1e-3)
+
+
+def server_major(version: str) -> int:
+    """``15.4 (Debian 15.4-1)`` -> 15, ``17beta1`` -> 17, ``9.6.24`` -> 9; 0 when it does not start with a number."""
+    match = re.match(r"\s*(\d+)", version)
+    return int(match.group(1)) if match else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,10 +279,8 @@ class ReplicationConnection:
         return interval
 
     def server_major(self) -> int:
-        """The server's major version from its ``server_version`` parameter (``15.4 (Debian ...)`` -> 15)."""
-        text = self.server_params.get("server_version", "")
-        digits = text.split(".")[0].split()[0] if text.strip() else ""
-        return int(digits) if digits.isdigit() else 0
+        """The server's major version from its ``server_version`` parameter; 0 when it has none."""
+        return server_major(self.server_params.get("server_version", ""))
 
     async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float,
                                 stream_in_progress: bool = False) -> None:
