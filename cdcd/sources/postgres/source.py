@@ -58,9 +58,10 @@ class PostgresSource(Source):
         self._t = PgTables(self._params, self._tables)
         self._coord = CaptureCoordinator(config, log, phase="streaming")
         # The spool of in-progress transactions (protocol 2) lives in the state directory: one daemon per state.path.
-        inprogress = InProgress(spool_dir(config.state.path)) if src.postgres.stream_in_progress else None
+        # Also without streaming: every connect removes what an earlier run left there.
         self._stream = PgStream(self._t, self._slot, self._publication, src.postgres.heartbeat_s, self._coord,
-                                self._identity_on_connect, inprogress)
+                                self._identity_on_connect, InProgress(spool_dir(config.state.path)),
+                                src.postgres.stream_in_progress)
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
         self._start_mark: Mark | None = None

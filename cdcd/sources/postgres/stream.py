@@ -83,7 +83,7 @@ class PgStream:
 
     def __init__(self, tables: PgTables, slot: str, publication: str, heartbeat_s: float, coord: CaptureCoordinator,
                  on_connect: Callable[[ReplicationConnection], Awaitable[list[Item]]],
-                 inprogress: InProgress | None = None) -> None:
+                 inprogress: InProgress | None = None, stream_in_progress: bool = True) -> None:
         self._coord = coord
         self._tables = tables
         self._params = tables.params
@@ -100,7 +100,8 @@ class PgStream:
         self.repl: ReplicationConnection | None = None
         self.lag_ms: float | None = None
         self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
-        self._inprogress = inprogress  # protocol 2's spool of in-progress transactions; None: protocol 1 only
+        self._inprogress = inprogress  # the spool of in-progress transactions; None: protocol 1 only
+        self._stream_in_progress = stream_in_progress and inprogress is not None  # protocol 2 when the server has it
         self.proto_version = 0  # of the current connection, for /status
 
     def handoff(self, watermark: Position) -> None:
@@ -117,8 +118,10 @@ class PgStream:
             interval = await repl.status_interval(STATUS_INTERVAL_S)
             spool = self._inprogress
             if spool is not None:
-                spool.reset()  # the server sends every uncommitted transaction again, from its first segment
-                if repl.server_major() < STREAMING_SINCE:
+                # The server sends every uncommitted transaction again, from its first segment: what an earlier
+                # connection or run spooled is of no use (also when this connection does not stream).
+                spool.reset()
+                if not self._stream_in_progress or repl.server_major() < STREAMING_SINCE:
                     spool = None
             await repl.start_replication(self._slot, 0, self._publication, interval, spool is not None)
             self.proto_version = 1 if spool is None else 2

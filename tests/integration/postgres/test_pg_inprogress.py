@@ -254,6 +254,20 @@ async def test_protocol_1_and_2_land_identical_events(
     assert _spool_files(one) == [] and _spool_files(two) == []
 
 
+async def test_a_start_without_streaming_removes_an_earlier_runs_spool(
+        pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY)")
+    cfg = _config(make_config, pg_db, ["public.t"], stream=False)
+    d = spool_dir(cfg.state.path)
+    d.mkdir(parents=True)
+    (d / f"77{SUFFIX}").write_bytes(b"left by a killed run")
+    async with Driver(cfg) as drv:
+        sql("INSERT INTO t VALUES (1)")
+        await _until_commits(drv, 1)
+        assert drv.source.status()["proto_version"] == 1
+    assert _spool_files(cfg) == []
+
+
 @pytest.mark.usefixtures("small_work_mem")
 async def test_the_replay_of_a_streamed_transaction_lets_other_tasks_run(
         pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
