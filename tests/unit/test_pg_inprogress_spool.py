@@ -144,6 +144,14 @@ def test_the_replay_is_handed_out_in_bounded_lists_across_read_blocks(spool: ip.
     assert [m for chunk in lists for m in chunk][1:-1] == rows
 
 
+def test_replay_lists_are_bounded_in_bytes_too(spool: ip.InProgress) -> None:
+    big = [insert(1, bytes([65 + i]) * (3 << 20)) for i in range(3)]  # 3 MB values: one list would hold all
+    run(spool, [start(61, True), *[streamed(61, r) for r in big], STOP])
+    lists = list(spool.translate([commit(61, 0x10, 0x20)]))
+    assert [len(m) for m in lists] == [3, 2]  # Begin + two values reach 4 MB; the third value + Commit
+    assert [m for chunk in lists for m in chunk][1:-1] == big
+
+
 @pytest.mark.parametrize(("chunk", "error"), [
     ([start(70, False)], "without its first segment"),
     ([commit(71, 1, 2)], "never streamed"),

@@ -15,7 +15,7 @@ subtransaction (``subxid != xid``) marks that subxid, and the replay leaves out 
 messages stay: the server counts them as sent for the whole transaction).
 
 Memory stays bounded whatever the transaction's size: writes go through a fixed buffer, the replay reads the
-file in blocks and hands out lists of at most ``REPLAY_MESSAGES`` messages.
+file in blocks and hands out lists of at most ``REPLAY_MESSAGES`` messages or about ``REPLAY_BYTES``.
 
 The spool is not a recovery log: a new replication connection (a restart, a reconnect) makes the server send
 every uncommitted transaction again from its first segment, so ``reset()`` deletes every spool file whenever
@@ -40,8 +40,10 @@ from cdcd.sources.postgres.protocol import ProtocolError
 #: The spool directory's name under ``state.path``.
 SPOOL_DIR = "pg-inprogress"
 SUFFIX = ".spool"
-#: At most this many messages per list the replay hands out (and the runtime decodes before the next read).
+#: At most this many messages, and about this many bytes (at least one message), per list the replay hands
+#: out (and the runtime decodes before the next read): protocol 1 hands out what one socket read brought.
 REPLAY_MESSAGES = 2048
+REPLAY_BYTES = 1 << 22
 _READ_BLOCK = 1 << 22
 _WRITE_BUFFER = 1 << 20
 _REC = struct.Struct("!II")  # the (sub)transaction's xid, the message's length
@@ -201,11 +203,14 @@ class InProgress:
         except OSError as exc:
             raise self._storage_error("write", txn.path, exc) from exc
         out = [pgoutput.encode_begin(msg.commit_lsn, msg.commit_ts_us, msg.xid)]
+        size = 0
         for body in self._read(txn):
             out.append(body)
-            if len(out) >= REPLAY_MESSAGES:
+            size += len(body)
+            if len(out) >= REPLAY_MESSAGES or size >= REPLAY_BYTES:
                 yield out
                 out = []
+                size = 0
         out.append(pgoutput.encode_commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts_us))
         # Dropped before the last list goes out: the runtime may keep the caller suspended there for long.
         self._drop(msg.xid)

@@ -94,6 +94,22 @@ async def test_large_transaction_is_streamed_and_lands_once_at_commit(
 
 
 @pytest.mark.usefixtures("small_work_mem")
+async def test_values_larger_than_the_spool_read_block_land_whole(
+        make_config: Callable[..., Config], pg_db: str, sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, v text); ALTER TABLE t ALTER COLUMN v SET STORAGE EXTERNAL")
+    cfg = _config(make_config, pg_db, ["public.t"])
+    async with Driver(cfg) as d:
+        sql("BEGIN; INSERT INTO t SELECT g, repeat(chr(64 + g), 9000000) FROM generate_series(1, 3) g;"
+            " INSERT INTO t SELECT g, 'small' FROM generate_series(4, 2000) g; COMMIT")
+        items = await _until_commits(d, 1)
+        status = d.source.status()
+    assert status["in_progress"]["committed"] == 1, status
+    evs = changes(items)
+    assert _ids(evs) == list(range(1, 2001))
+    assert [e.after["v"] for e in evs[:3]] == [chr(64 + g) * 9000000 for g in (1, 2, 3)]  # type: ignore[index]
+
+
+@pytest.mark.usefixtures("small_work_mem")
 async def test_aborted_streamed_transaction_lands_nothing(
         pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
     sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
