@@ -70,7 +70,6 @@ class InProgress:
         self.directory = directory
         self._txns: dict[int, _Txn] = {}
         self._current: _Txn | None = None  # the transaction of the open stream block
-        self._current_xid = 0
         self.committed = 0  # streamed transactions replayed (this process)
         self.aborted = 0  # streamed transactions dropped (this process)
         self.aborted_subtransactions = 0  # subtransaction aborts of spooled transactions (this process)
@@ -165,7 +164,7 @@ class InProgress:
         elif txn is None:
             raise ProtocolError(f"pgoutput: a stream block of transaction {msg.xid} arrived without its first "
                                 "segment")
-        self._current, self._current_xid = txn, msg.xid
+        self._current = txn
 
     def _append(self, txn: _Txn, subxid: int, body: bytes) -> None:
         try:
