@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench import peers, scenarios
+from bench import inprogress, peers, scenarios
 from bench.report import write_report
 from cdcd.devservers import MariaDBServer, PostgresServer
 
@@ -29,10 +29,11 @@ SIZES = {
     # rows per workload; the default run stays under 10 minutes on 2 cores, --quick under 2
     "default": {"stream": 1_000_000, "stream_wide": 100_000, "snapshot": 1_000_000, "snapshot_wide": 200_000,
                 "latency_s": 20, "rss_tx": 2_000_000, "rss_snapshot": 5_000_000, "spark_small": 10_000_000,
-                "incremental": 1_000_000, "incremental_rate": 10_000},
+                "incremental": 1_000_000, "incremental_rate": 10_000, "inprogress_tx": 2_000_000},
     "quick": {"stream": 50_000, "stream_wide": 10_000, "snapshot": 50_000, "snapshot_wide": 10_000,
               "latency_s": 5, "rss_tx": 100_000, "rss_snapshot": 200_000, "spark_small": 20_000,
-              "incremental": 200_000, "incremental_rate": 5_000},
+              "incremental": 200_000, "incremental_rate": 5_000, "inprogress_tx": 100_000,
+              "inprogress_work_mem": "1MB"},
 }
 
 
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             ("latency", lambda: scenarios.pg_latency(pg, work / "latency", sizes)),
             ("rss", lambda: scenarios.pg_rss(pg, work / "rss", sizes)),
             ("incremental", lambda: scenarios.pg_incremental(pg, work / "incremental", sizes)),
+            ("inprogress", lambda: inprogress.pg_inprogress(pg, work / "inprogress", sizes)),
         ]
         if not args.quick or (args.only and "debezium" in args.only):  # needs Maven and a JVM: not in smoke runs
             plan.append(("debezium", lambda: peers.debezium(pg, maria, work / "debezium", sizes, results)))

@@ -47,6 +47,13 @@ def to_markdown(doc: dict[str, Any]) -> str:
             if "mariadb_binlog_rate" in r:
                 notes.append(f"mariadb-binlog --verbose: {_fmt(r['mariadb_binlog_rate'])} rows/s "
                              f"(ratio {_fmt(r['ratio_to_mariadb_binlog'])})")
+        elif "commit_to_landed_s" in r:
+            ours = f"{_fmt(r['commit_to_landed_s'])} s commit to last row landed"
+            notes = [f"first row {_fmt(r['commit_to_first_s'])} s after the commit; the transaction ran "
+                     f"{_fmt(r['transaction_s'])} s; server spill {_fmt(r['spill_bytes'])} bytes "
+                     f"({_fmt(r['spill_txns'])} txns), streamed {_fmt(r['stream_bytes'])} bytes "
+                     f"({_fmt(r['stream_txns'])} txns); cdcd spool peak {_fmt(r['spool_peak_mb'])} MB; peak RSS "
+                     f"{_fmt(r['peak_rss_mb'])} MB; logical_decoding_work_mem {r['logical_decoding_work_mem']}"]
         elif "p50_ms" in r:
             ours = f"p50 {_fmt(r['p50_ms'])} ms, p99 {_fmt(r['p99_ms'])} ms"
             notes = [f"{_fmt(r['events'])} events, {r['config']}"]

@@ -31,6 +31,8 @@ class PostgresOptions(_Section):
     slot: str = Field(default="cdcd", pattern=r"^[a-z0-9_]{1,63}$")
     publication: str = Field(default="cdcd", pattern=r"^[A-Za-z0-9_]{1,63}$")
     heartbeat_s: float = Field(default=10.0, gt=0)
+    #: pgoutput protocol 2 with in-progress transaction streaming (PostgreSQL 14+); false: protocol 1.
+    stream_in_progress: bool = True
 
 
 class MySqlOptions(_Section):

@@ -22,8 +22,14 @@ def test_bench_quick_smoke(tmp_path: Path) -> None:
     doc = json.loads((out / "latest.json").read_text())
     measures = [r["measure"] for r in doc["results"]]
     for expected in ("PostgreSQL streaming", "PostgreSQL snapshot", "MariaDB streaming", "MariaDB snapshot",
-                     "latency", "peak RSS"):
+                     "latency", "peak RSS", "one 100,000-row transaction"):
         assert any(m.startswith(expected) for m in measures), (expected, measures)
+    # inprogress: the database's logical_decoding_work_mem is 1 MB, so protocol 1 spills and protocol 2 streams
+    inprogress = [r for r in doc["results"] if r.get("scenario") == "inprogress"]
+    assert len(inprogress) == 4
+    for row in inprogress:
+        streamed = "protocol 2" in row["measure"]
+        assert (row["stream_bytes"] > 0, row["spill_bytes"] > 0) == (streamed, not streamed), row
     for row in doc["results"]:
         if "baseline_rate" in row:
             assert row["cdcd"] > 0 and row["baseline_rate"] > 0 and row["ratio"] > 0

@@ -1,9 +1,17 @@
-"""Decoder of the pgoutput logical replication stream (protocol version 1).
+"""Decoder of the pgoutput logical replication stream (protocol versions 1 and 2).
 
 ``decode(data)`` turns the payload of one XLogData message into one message
 value. Pure: no I/O, no type conversion (values stay as the server's text
 bytes; ``types.py`` converts them). ``RelationCache`` remembers the last
 Relation message per relation OID, as the protocol requires.
+
+Protocol 2 adds in-progress transaction streaming: ``decode_stream_control``
+reads Stream Start/Stop/Commit/Abort, and ``split_streamed`` turns a message
+inside a stream block (which carries the xid of its (sub)transaction after the
+tag) back into its protocol-1 form. ``encode_begin``/``encode_commit`` write
+the Begin and Commit a protocol-1 stream would have carried for a transaction
+streamed in progress, so both protocols feed the same decoder
+(``inprogress.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ _H = struct.Struct("!H")
 _BEGIN = struct.Struct("!QqI")
 _COMMIT = struct.Struct("!BQQq")
 _REL_COL_TAIL = struct.Struct("!Ii")
+_STREAM_START = struct.Struct("!IB")
+_STREAM_COMMIT = struct.Struct("!IBQQq")
+_STREAM_ABORT = struct.Struct("!II")
 
 # Tuple column kinds.
 NULL = ord("n")
@@ -130,6 +141,38 @@ class LogicalMessage:
     content: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    xid: int
+    first_segment: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCommit:
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_ts_us: int  # as sent (microseconds since 2000-01-01): re-encoded unchanged into the Begin/Commit
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAbort:
+    xid: int
+    subxid: int  # == xid: the whole transaction; else only this subtransaction's changes
+
+
+StreamControl = StreamStart | StreamStop | StreamCommit | StreamAbort
+
+#: Tags of the messages that carry an xid inside a stream block (protocol 2).
+STREAMED_TAGS = frozenset(b"IUDTRYM")
+#: Stream control tags: Start, Stop (E), Commit (c), Abort.
+STREAM_CONTROL_TAGS = frozenset(b"SEcA")
+
 Message = Begin | Commit | Origin | Relation | TypeMessage | Insert | Update | Delete | Truncate | LogicalMessage
 
 
@@ -216,7 +259,47 @@ def decode(data: bytes) -> Message:
         (lsn,) = _Q.unpack_from(data, 1)
         name, _ = _cstring(data, 9)
         return Origin(lsn, name)
-    raise ProtocolError(f"pgoutput: unknown message type {tag!r} (is the slot's plugin pgoutput, protocol 1?)")
+    raise ProtocolError(f"pgoutput: unknown message type {tag!r} (is the slot's plugin pgoutput, protocol 1 or 2?)")
+
+
+def decode_stream_control(data: bytes) -> StreamControl:
+    """Decode Stream Start ('S'), Stop ('E'), Commit ('c') or Abort ('A') (protocol 2)."""
+    tag = data[:1]
+    try:
+        if tag == b"S":
+            xid, first = _STREAM_START.unpack_from(data, 1)
+            return StreamStart(xid, first == 1)
+        if tag == b"E":
+            return StreamStop()
+        if tag == b"c":
+            xid, _flags, commit_lsn, end_lsn, ts = _STREAM_COMMIT.unpack_from(data, 1)
+            return StreamCommit(xid, commit_lsn, end_lsn, ts)
+        if tag == b"A":
+            # Protocol 4 (streaming = parallel) appends the abort LSN and time; we ask for 'on' and ignore them.
+            xid, subxid = _STREAM_ABORT.unpack_from(data, 1)
+            return StreamAbort(xid, subxid)
+    except struct.error as exc:
+        raise ProtocolError(f"pgoutput: truncated stream message {tag!r} ({len(data)} bytes): {exc}") from None
+    raise ProtocolError(f"pgoutput: {tag!r} is not a stream control message")
+
+
+def split_streamed(data: bytes) -> tuple[int, bytes]:
+    """A message inside a stream block: the xid of the (sub)transaction that made it, and the message in
+    its protocol-1 form (the same bytes without that xid)."""
+    if data[0] not in STREAMED_TAGS or len(data) < 5:
+        raise ProtocolError(f"pgoutput: unexpected message {data[:1]!r} inside a stream block")
+    (xid,) = _I.unpack_from(data, 1)
+    return xid, data[:1] + data[5:]
+
+
+def encode_begin(final_lsn: int, commit_ts_us: int, xid: int) -> bytes:
+    """The protocol-1 Begin message."""
+    return b"B" + _BEGIN.pack(final_lsn, commit_ts_us, xid)
+
+
+def encode_commit(commit_lsn: int, end_lsn: int, commit_ts_us: int) -> bytes:
+    """The protocol-1 Commit message (flags 0)."""
+    return b"C" + _COMMIT.pack(0, commit_lsn, end_lsn, commit_ts_us)
 
 
 def _relation(data: bytes) -> Relation:

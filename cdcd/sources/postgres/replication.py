@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -70,6 +71,12 @@ def parse_duration_s(text: str) -> float:
     number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = text[len(number):] or "ms"  # wal_sender_timeout's base unit
     return float(number) * _UNITS_S.get(unit, 1e-3)
+
+
+def server_major(version: str) -> int:
+    """``15.4 (Debian 15.4-1)`` -> 15, ``17beta1`` -> 17, ``9.6.24`` -> 9; 0 when it does not start with a number."""
+    match = re.match(r"\s*(\d+)", version)
+    return int(match.group(1)) if match else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,9 +278,17 @@ class ReplicationConnection:
         self.stall_timeout_s = max(timeout, 3 * interval)
         return interval
 
-    async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float) -> None:
+    def server_major(self) -> int:
+        """The server's major version from its ``server_version`` parameter; 0 when it has none."""
+        return server_major(self.server_params.get("server_version", ""))
+
+    async def start_replication(self, slot: str, start_lsn: int, publication: str, status_interval_s: float,
+                                stream_in_progress: bool = False) -> None:
+        """START_REPLICATION with pgoutput protocol 1, or 2 with ``streaming 'on'`` (in-progress transactions
+        streamed, PostgreSQL 14+) when ``stream_in_progress``."""
+        proto = "proto_version '2', streaming 'on'" if stream_in_progress else "proto_version '1'"
         sql = (f'START_REPLICATION SLOT "{slot}" LOGICAL {format_lsn(start_lsn)} '
-               f"(proto_version '1', publication_names '\"{publication}\"', messages 'true')")
+               f"({proto}, publication_names '\"{publication}\"', messages 'true')")
         self._writer.write(p.query_message(sql))
         await self._writer.drain()
         while True:

@@ -29,6 +29,7 @@ from cdcd.sources.postgres.catalog import SlotInfo
 from cdcd.sources.postgres.chunks import PgChunkReader
 from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
+from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, check_slot, decide
 from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.shape import shape_from_info, warn_unknown
@@ -59,8 +60,11 @@ class PostgresSource(Source):
         self._mode = config.snapshot.mode
         self._t = PgTables(self._params, self._tables)
         self._coord = CaptureCoordinator(config, log, phase="streaming", where=self._params.where)
+        # The spool of in-progress transactions (protocol 2) lives in the state directory: one daemon per state.path.
+        # Also without streaming: every connect removes what an earlier run left there.
         self._stream = PgStream(self._t, self._slot, self._publication, src.postgres.heartbeat_s, self._coord,
-                                self._identity_on_connect)
+                                self._identity_on_connect, InProgress(spool_dir(config.state.path)),
+                                src.postgres.stream_in_progress)
         # Incremental snapshots while streaming (cdcd/capture/incremental.py): PostgreSQL's chunk reads.
         self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
         self._incr = self._coord.incremental

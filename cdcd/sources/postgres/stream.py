@@ -26,6 +26,7 @@ from cdcd.positions import PgPosition, Position, format_lsn
 from cdcd.sources.postgres import catalog, pgoutput
 from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, TableInfo
 from cdcd.sources.postgres.connection import ConnectParams
+from cdcd.sources.postgres.inprogress import InProgress
 from cdcd.sources.postgres.plan import slot_gone_message
 from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.replication import PgServerError, ReplicationConnection
@@ -43,6 +44,8 @@ from cdcd.sources.postgres.types import TypeRegistry
 log = structlog.get_logger("cdcd.source.postgres")
 
 STATUS_INTERVAL_S = 5.0
+#: The first major version whose pgoutput streams in-progress transactions (protocol 2).
+STREAMING_SINCE = 14
 
 
 @dataclass
@@ -79,7 +82,8 @@ class PgStream:
     lost_event = "replication connection lost; reconnecting"
 
     def __init__(self, tables: PgTables, slot: str, publication: str, heartbeat_s: float, coord: CaptureCoordinator,
-                 on_connect: Callable[[ReplicationConnection], Awaitable[list[Item]]]) -> None:
+                 on_connect: Callable[[ReplicationConnection], Awaitable[list[Item]]],
+                 inprogress: InProgress | None = None, stream_in_progress: bool = True) -> None:
         self._coord = coord
         self._tables = tables
         self._params = tables.params
@@ -96,6 +100,9 @@ class PgStream:
         self.repl: ReplicationConnection | None = None
         self.lag_ms: float | None = None
         self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
+        self._inprogress = inprogress  # the spool of in-progress transactions; None: protocol 1 only
+        self._stream_in_progress = stream_in_progress and inprogress is not None  # protocol 2 when the server has it
+        self.proto_version = 0  # of the current connection, for /status
 
     def capture(self, tables: list[TableId]) -> None:
         """The captured tables changed (a reload): relations of other tables are not decoded from now on."""
@@ -113,10 +120,18 @@ class PgStream:
             for mark in await self._on_connect(repl):  # a reconnect may reach a server restored or promoted
                 yield mark
             interval = await repl.status_interval(STATUS_INTERVAL_S)
-            await repl.start_replication(self._slot, 0, self._publication, interval)
+            spool = self._inprogress
+            if spool is not None:
+                # The server sends every uncommitted transaction again, from its first segment: what an earlier
+                # connection or run spooled is of no use (also when this connection does not stream).
+                spool.reset()
+                if not self._stream_in_progress or repl.server_major() < STREAMING_SINCE:
+                    spool = None
+            await repl.start_replication(self._slot, 0, self._publication, interval, spool is not None)
+            self.proto_version = 1 if spool is None else 2
             self._coord.connected = True
             heartbeat = asyncio.create_task(self._heartbeats(), name="pg-heartbeat")
-            async for item in self._decode(repl):
+            async for item in self._decode(self._wire(repl, spool)):
                 yield item
         except PgServerError as exc:
             if exc.sqlstate == "42704" and "replication slot" in exc.server_message:
@@ -136,9 +151,28 @@ class PgStream:
                 with contextlib.suppress(BaseException):
                     await heartbeat
             self.repl = None
-            await repl.close()
+            try:
+                if self._inprogress is not None:
+                    self._inprogress.close()
+            finally:  # an open connection would keep the slot active: the reconnect could not start again
+                await repl.close()
 
-    async def _decode(self, repl: ReplicationConnection) -> AsyncIterator[Item]:
+    @staticmethod
+    async def _wire(repl: ReplicationConnection, spool: InProgress | None) -> AsyncIterator[list[bytes]]:
+        """The pgoutput messages as protocol 1 carries them: protocol 2's in-progress transactions are
+        spooled and come out whole at their commit (``inprogress.py``)."""
+        if spool is None:
+            async for chunk in repl.xlog():
+                yield [x.data for x in chunk]
+            return
+        async for chunk in repl.xlog():
+            for messages in spool.translate([x.data for x in chunk]):
+                yield messages
+                # A replay comes from a local file and never waits: let the runtime's timer seal batches, its
+                # deliverer land them and the status updates go out meanwhile.
+                await asyncio.sleep(0)
+
+    async def _decode(self, wire: AsyncIterator[list[bytes]]) -> AsyncIterator[Item]:
         relations = pgoutput.RelationCache()
         decoders: dict[int, RowDecoder | None] = {}
         commit_lsn = 0
@@ -146,9 +180,9 @@ class PgStream:
         xid: str | None = None
         commit_ts: datetime | None = None
         decode = pgoutput.decode
-        async for chunk in repl.xlog():
-            for x in chunk:
-                msg = decode(x.data)
+        async for chunk in wire:
+            for data in chunk:
+                msg = decode(data)
                 if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
                     seq += 1
                     dec = decoders.get(msg.relation)
@@ -245,7 +279,10 @@ class PgStream:
                 repl.send_status()
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"lag_ms": self.lag_ms, "confirmed_flush_lsn": format_lsn(self.flush_lsn)}
+        out: dict[str, Any] = {"lag_ms": self.lag_ms, "confirmed_flush_lsn": format_lsn(self.flush_lsn),
+                               "proto_version": self.proto_version}
+        if self.proto_version == 2 and self._inprogress is not None:
+            out["in_progress"] = self._inprogress.status()
         repl = self.repl
         if repl is not None:
             out["slot_lag_bytes"] = max(0, repl.received_lsn - self.flush_lsn)

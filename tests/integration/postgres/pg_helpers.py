@@ -20,6 +20,8 @@ def pg_config(server: PostgresServer, db: str, tables: list[str], **sections: di
                               "database": db, "tables": tables, "sslmode": "disable",
                               "postgres": {"slot": f"s_{db}", "publication": f"p_{db}"}}
     source.update(sections.pop("source", {}))
+    # A state directory of the test's own: the stream spools in-progress transactions there.
+    sections.setdefault("state", {"path": str(server.root / "states" / db / source["postgres"]["slot"])})
     doc: dict[str, Any] = {"source": source, **sections}
     return parse_config(doc, env={})
 
