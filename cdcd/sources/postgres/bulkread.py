@@ -5,12 +5,13 @@ the rows into Arrow arrays in C++ (the GIL is released while it reads and decode
 worker opens one such connection next to its asyncpg one, inside a ``REPEATABLE READ READ ONLY``
 transaction that imports the same exported snapshot, so both read the same instant.
 
-Not every type's binary form is decoded by the driver exactly as cdcd lands it (dates and
-timestamps: ±infinity; numeric: NaN and the scale; uuid: a 16-byte extension type). Columns whose
-source type is in ``NATIVE`` are read as the driver decodes them; every other column is selected as
-its text output (``format('%s', col)``, exactly what COPY text and pgoutput send) and converted by
-the text path's column converters (``copytext.CopyDecoder.text_column``), so both readers land the
-same values and warnings: a per-column fallback.
+Not every type's binary form is decoded by the driver exactly as cdcd lands it (numeric: NaN and
+the scale; uuid: a 16-byte extension type). Columns whose source type is in ``NATIVE`` or
+``TEMPORAL`` are read as the driver decodes them (dates and timestamps with ±infinity and values
+Python cannot hold handled here); every other column is selected as its text output
+(``format('%s', col)``, exactly what COPY text and pgoutput send) and converted by the text path's
+column converters (``copytext.CopyDecoder.text_column``), so both readers land the same values and
+warnings: a per-column fallback.
 
 Timeouts: ``statement_timeout`` is ``runtime.source_read_timeout_s`` (a chunk query that gets no
 answer is cancelled by the server), libpq's ``connect_timeout`` is ``source.connect_timeout_s``, and
@@ -27,19 +28,23 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import numpy as np
 import pyarrow as pa
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.sockets import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
 from cdcd.sources.postgres.catalog import quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.connection import ConnectParams
-from cdcd.sources.postgres.copytext import CopyDecoder, needs_key_text
-from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.sources.postgres.copytext import UNREPRESENTABLE, CopyDecoder, needs_key_text
+from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
 from cdcd.sources.postgres.types import SESSION_SETTINGS, key_text
 
 #: Source types (plain, not domains) whose binary form the driver decodes to exactly the landed value.
 NATIVE = {"bool": pa.bool_(), "int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(),
           "float4": pa.float32(), "float8": pa.float64(), "text": pa.string(), "bytea": pa.binary()}
+#: Dates and timestamps: decoded natively, with ±infinity and values Python cannot hold handled here
+#: exactly as the text path does (``_Temporal``).
+TEMPORAL = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "timestamptz": pa.timestamp("us", tz="UTC")}
 #: Character types keep their typmod in the source type name (``varchar(20)``); the binary form is the text.
 _CHAR_TYPES = ("varchar", "bpchar")
 
@@ -61,7 +66,7 @@ def native_type(source_type: str, landed: pa.DataType) -> bool:
     base = source_type.split("(", 1)[0]
     if base in _CHAR_TYPES:
         return bool(landed == pa.string())
-    want = NATIVE.get(source_type)
+    want = NATIVE.get(source_type) or TEMPORAL.get(source_type)
     return want is not None and bool(want == landed)
 
 
@@ -237,6 +242,7 @@ class BatchConverter:
         self._key_fields = list(key_fields)
         self._text = CopyDecoder(shape, warnings, key_fields)
         self._schema = pa.schema([pa.field(c.name, c.type) for c in shape.schema.columns])
+        self._warnings = warnings
 
     def convert(self, batch: pa.RecordBatch) -> tuple[pa.Table, tuple[pa.Array | None, ...], list[str]]:
         cols = self.shape.schema.columns
@@ -246,6 +252,8 @@ class BatchConverter:
             if native:
                 if got.type != col.type:
                     got = self._native_cast(i, got)
+                if col.source_type in TEMPORAL:
+                    got = self._temporal(i, got)
                 arrays.append(got)
             else:
                 arrays.append(self._text.text_column(i, _plain(got)))
@@ -264,6 +272,36 @@ class BatchConverter:
                 after.append(key_text(arrays[i][last].as_py()))
         return data, tuple(texts), after
 
+    def _temporal(self, i: int, got: pa.Array) -> pa.Array:
+        """The driver's dates and timestamps as the text path lands them.
+
+        The driver shifts PostgreSQL's epoch (2000) to Arrow's (1970) without an overflow check, so
+        ±infinity (the int extremes on the wire) arrive as two fixed values (``_infinities``): those land
+        as the type's largest/smallest value with the INFINITE warning. Other values outside what Python
+        can hold (BC dates, years after 9999) land as NULL with the unrepresentable warning.
+        """
+        col = self.shape.schema.columns[i]
+        is_date = col.type == pa.date32()
+        raw = got.cast(pa.int32() if is_date else pa.int64())
+        values = np.asarray(raw.fill_null(0).to_numpy(zero_copy_only=False))
+        plus, minus, lowest, highest = _DATE_LIMITS if is_date else _TS_LIMITS
+        infinite = (values == plus) | (values == minus)
+        outside = ((values < lowest) | (values > highest)) & ~infinite
+        if raw.null_count:
+            valid = np.asarray(raw.is_valid().to_numpy(zero_copy_only=False))
+            infinite &= valid
+            outside &= valid
+        if not infinite.any() and not outside.any():
+            return got
+        if infinite.any():
+            self._warnings.once(self.shape.table, col.name, INFINITE, source_type=col.source_type)
+        if outside.any():
+            self._warnings.once(self.shape.table, col.name, UNREPRESENTABLE,
+                                error=f"a {col.source_type} value is outside the range Python/Arrow can hold")
+        fixed = np.where(values == plus, highest, np.where(values == minus, lowest, values))
+        mask = np.asarray(raw.is_null().to_numpy(zero_copy_only=False)) | outside
+        return pa.array(fixed, type=raw.type, mask=mask).cast(col.type)
+
     def _native_cast(self, i: int, got: pa.Array) -> pa.Array:
         col = self.shape.schema.columns[i]
         storage = _plain(got)
@@ -272,6 +310,20 @@ class BatchConverter:
         raise SourceFatal(f"snapshot of {self.shape.table}: the bulk reader decoded column {col.name} "
                           f"({col.source_type}) as {got.type}, not {col.type}; please report this with the "
                           "table's definition")
+
+
+def _wrapped(infinity: int, bits: int, shift: int) -> int:
+    """``infinity + shift`` in two's complement of ``bits`` bits (what the driver's unchecked add gives)."""
+    v = (infinity + shift) & ((1 << bits) - 1)
+    return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+
+_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 - 1970-01-01
+_PG_EPOCH_DAYS = 10_957
+#: (+infinity as it arrives, -infinity as it arrives, the smallest and largest value Python holds)
+_TS_LIMITS = (_wrapped(2**63 - 1, 64, _PG_EPOCH_US), _wrapped(-(2**63), 64, _PG_EPOCH_US),
+              -62_135_596_800_000_000, 253_402_300_799_999_999)
+_DATE_LIMITS = (_wrapped(2**31 - 1, 32, _PG_EPOCH_DAYS), _wrapped(-(2**31), 32, _PG_EPOCH_DAYS), -719_162, 2_932_896)
 
 
 def _plain(arr: pa.Array) -> pa.Array:
