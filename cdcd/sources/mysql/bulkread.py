@@ -161,9 +161,10 @@ def _cast_text(values: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
     """A column of raw texts cast in Arrow, or None when Arrow has no exact cast for it."""
     if pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_) \
             or type_ == pa.date32() or pa.types.is_timestamp(type_):
-        if any(isinstance(v, str) for v in values):
+        try:  # the driver gives bytes for these types (str only for character types)
+            text = pa.array(values, pa.binary()).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
             return None
-        text = pa.array(values, pa.binary()).cast(pa.string())
         try:
             if pa.types.is_float32(type_):  # read as DOUBLE (col * 1E0): rounded to float32 as pa.array does
                 return pc.cast(pc.cast(text, pa.float64()), type_)
@@ -185,12 +186,14 @@ def raw_rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: l
     arrays = []
     for col, values, conv, ftype in zip(schema.columns, columns, convs, field_types, strict=True):
         fast: pa.Array | None = None
-        if values and all(isinstance(v, str) or v is None for v in values) and pa.types.is_string(col.type):
-            try:
-                fast = pa.array(values, pa.string())  # character columns: the driver's str, as aiomysql's
+        if not values:
+            pass
+        elif pa.types.is_string(col.type) and (ftype in _TEXT_TYPES or ftype == FIELD_TYPE.JSON):
+            try:  # character columns: the driver's str (or UTF-8 bytes: PyMySQL decodes those to the same str)
+                fast = pa.array(values, pa.string())
             except (pa.ArrowException, TypeError, ValueError):
                 fast = None
-        elif values and ftype not in _TEXT_TYPES and ftype != FIELD_TYPE.JSON:
+        elif ftype not in _TEXT_TYPES and ftype != FIELD_TYPE.JSON:
             fast = _cast_text(values, col.type)
         if fast is not None:
             arrays.append(fast)
