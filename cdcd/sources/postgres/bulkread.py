@@ -30,6 +30,7 @@ from urllib.parse import quote, urlencode
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.sockets import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
@@ -41,7 +42,8 @@ from cdcd.sources.postgres.types import SESSION_SETTINGS, key_text
 
 #: Source types (plain, not domains) whose binary form the driver decodes to exactly the landed value.
 NATIVE = {"bool": pa.bool_(), "int2": pa.int16(), "int4": pa.int32(), "int8": pa.int64(),
-          "float4": pa.float32(), "float8": pa.float64(), "text": pa.string(), "bytea": pa.binary()}
+          "float4": pa.float32(), "float8": pa.float64(), "text": pa.string(), "bytea": pa.binary(),
+          "json": pa.string(), "jsonb": pa.string()}  # json(b): the driver hands out the text output
 #: Dates and timestamps: decoded natively, with ±infinity and values Python cannot hold handled here
 #: exactly as the text path does (``_Temporal``).
 TEMPORAL = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "timestamptz": pa.timestamp("us", tz="UTC")}
@@ -66,6 +68,8 @@ def native_type(source_type: str, landed: pa.DataType) -> bool:
     base = source_type.split("(", 1)[0]
     if base in _CHAR_TYPES:
         return bool(landed == pa.string())
+    if base == "numeric":  # numeric(p,s) landed as a decimal: the driver's text, cast as the text path does
+        return bool(pa.types.is_decimal(landed))
     want = NATIVE.get(source_type) or TEMPORAL.get(source_type)
     return want is not None and bool(want == landed)
 
@@ -249,7 +253,10 @@ class BatchConverter:
         arrays: list[pa.Array] = []
         for i, (col, native) in enumerate(zip(cols, self.plan.native, strict=True)):
             got = batch.column(i)
-            if native:
+            if native and pa.types.is_decimal(col.type):
+                # the driver spells NaN and ±Infinity as nan and ±inf; the digits are the server's
+                arrays.append(self._text.text_column(i, _numeric_spelling(_plain(got))))
+            elif native:
                 if got.type != col.type:
                     got = self._native_cast(i, got)
                 if col.source_type in TEMPORAL:
@@ -312,6 +319,12 @@ class BatchConverter:
                           "table's definition")
 
 
+def _numeric_spelling(col: pa.Array) -> pa.Array:
+    for driver, server in (("nan", "NaN"), ("inf", "Infinity"), ("-inf", "-Infinity")):
+        col = pc.if_else(pc.equal(col, driver), server, col)
+    return col
+
+
 def _wrapped(infinity: int, bits: int, shift: int) -> int:
     """``infinity + shift`` in two's complement of ``bits`` bits (what the driver's unchecked add gives)."""
     v = (infinity + shift) & ((1 << bits) - 1)
@@ -328,6 +341,6 @@ _DATE_LIMITS = (_wrapped(2**31 - 1, 32, _PG_EPOCH_DAYS), _wrapped(-(2**31), 32, 
 
 def _plain(arr: pa.Array) -> pa.Array:
     """An extension array's storage (the driver tags text results of some types, e.g. arrow.json)."""
-    if isinstance(arr.type, pa.ExtensionType):
+    if isinstance(arr.type, pa.BaseExtensionType):
         return arr.storage
     return arr

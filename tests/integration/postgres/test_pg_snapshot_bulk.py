@@ -46,9 +46,12 @@ INSERT INTO kb VALUES ('\\x', 0), ('\\x00', -1);
 CREATE TABLE kt (a text, b timestamptz, c numeric, v int, PRIMARY KEY (a, b, c));
 INSERT INTO kt SELECT chr(65 + g % 5) || E'\\t\\\\', TIMESTAMPTZ 'infinity', g / 3.0, g FROM generate_series(1, 30) g;
 INSERT INTO kt VALUES ('z', '-infinity', 'NaN', 0);
+CREATE TABLE kn (id numeric(12,3) PRIMARY KEY, j jsonb, v int);
+INSERT INTO kn VALUES ('NaN', '{"b": 1, "a": "é"}', 1), (1.5, 'null', 2), (-0.001, '[1, 2.50]', 3),
+  (123456789.123, '"x\\ty"', 4), (0, NULL, 5);
 """
 
-TABLES = ["public.t", "public.e", "public.kf", "public.kb", "public.kt"]
+TABLES = ["public.t", "public.e", "public.kf", "public.kb", "public.kt", "public.kn"]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -128,9 +131,10 @@ async def test_both_readers_resume_inside_a_table_from_the_checkpointed_key(
     monkeypatch.setattr(bulkread, "available", lambda: bulk)
     sql(DDL)
     sql(EXTRA)
-    cfg = make_config(["public.kf", "public.kb", "public.kt"], snapshot={"chunk_rows": 3, "parallelism": 1})
+    cfg = make_config(["public.kf", "public.kb", "public.kt", "public.kn"],
+                      snapshot={"chunk_rows": 3, "parallelism": 1})
     order = {t: sql(f"SELECT v FROM {t} ORDER BY {k}").split()
-             for t, k in (("public.kf", "id"), ("public.kb", "id"), ("public.kt", "a, b, c"))}
+             for t, k in (("public.kf", "id"), ("public.kb", "id"), ("public.kt", "a, b, c"), ("public.kn", "id"))}
     seen: dict[str, list[str]] = {t: [] for t in order}
     position, state = None, None
     for _ in range(100):  # one committed block per run, then a restart resumes after it
