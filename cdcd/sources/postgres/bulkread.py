@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -223,6 +223,39 @@ class BulkConnection:
                     conn.close()
         finally:
             self._lock.release()
+
+
+class ChunkCursor:
+    """A table's key-ordered chunks as one sequence of converted batches. Blocking: one call at a time."""
+
+    def __init__(self, bulk: BulkConnection, convert: BatchConverter, query: Callable[[list[str] | None], str],
+                 chunk_rows: int, after: list[str] | None) -> None:
+        self._bulk = bulk
+        self._convert = convert
+        self._query = query
+        self._chunk_rows = chunk_rows
+        self.after = after  # the key the next chunk starts after (None: the table's start)
+        self._open = False
+        self._rows = 0  # rows of the open chunk so far
+        self._done = False
+
+    def next(self) -> tuple[pa.Table, tuple[pa.Array | None, ...], list[str]] | None:
+        """The next batch as (landed columns, key texts, resume key); None after the table's last row."""
+        while not self._done:
+            if not self._open:
+                self._bulk.start(self._query(self.after))
+                self._open, self._rows = True, 0
+            batch = self._bulk.next_batch()
+            if batch is None:
+                self._open = False
+                self._done = self._rows < self._chunk_rows  # a short chunk is the table's last
+                continue
+            if batch.num_rows:
+                data, texts, after = self._convert.convert(batch)
+                self._rows += batch.num_rows
+                self.after = after
+                return data, texts, after
+        return None
 
 
 def _error(params: ConnectParams, exc: BaseException) -> SourceError:

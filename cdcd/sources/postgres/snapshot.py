@@ -267,35 +267,37 @@ class SnapshotReader:
     async def _keyed_bulk(self, bulk: bulkread.BulkConnection, table: SnapshotTable, out: asyncio.Queue[Any],
                           watermark: PgPosition) -> None:
         """Key-ordered chunks read by the bulk reader (binary COPY into Arrow, in a thread), one RowBlock per
-        batch the driver hands out (about ``bulkread.BATCH_BYTES``)."""
+        batch the driver hands out (about ``bulkread.BATCH_BYTES``).
+
+        The next batch (the next chunk's query included) is read and converted in its thread while this one
+        is handed on, so the server, the driver and the landing overlap.
+        """
         names = table.shape.schema.column_names
         key_fields = [names.index(k) for k in table.info.key]
         bulk_plan = bulkread.plan(table.shape, key_fields)
         convert = bulkread.BatchConverter(table.shape, self._warnings, key_fields, bulk_plan)
         types = {c.name: c.sql_type for c in table.info.columns}
+        chunks = bulkread.ChunkCursor(bulk, convert, lambda after: bulkread.chunk_query(
+            bulk_plan.select, table.info.table, table.info.key, types, after, self._chunk_rows),
+            self._chunk_rows, table.after)
 
-        def next_block() -> tuple[pa.Table, tuple[pa.Array | None, ...], list[str]] | None:
-            while True:
-                batch = bulk.next_batch()
-                if batch is None:
-                    return None
-                if batch.num_rows:
-                    return convert.convert(batch)
+        def read_ahead() -> asyncio.Future[tuple[pa.Table, tuple[pa.Array | None, ...], list[str]] | None]:
+            fut = asyncio.ensure_future(asyncio.to_thread(chunks.next))
+            # abandoned (the worker stops): the thread's error, if any, is not this worker's to raise
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return fut
 
-        while True:
-            query = bulkread.chunk_query(bulk_plan.select, table.info.table, table.info.key, types, table.after,
-                                         self._chunk_rows)
-            await asyncio.to_thread(bulk.start, query)
-            rows = 0
-            while (got := await asyncio.to_thread(next_block)) is not None:
+        pending = read_ahead()
+        try:
+            while (got := await pending) is not None:
+                pending = read_ahead()
                 data, texts, after = got
-                rows += data.num_rows
                 table.rows += data.num_rows
                 table.after = after  # where the next chunk starts: the last row's key as the server's text
                 # key_text: the checkpoint's resume key is the server's text, not rebuilt from landed values
                 await out.put([RowBlock(table.shape.schema, watermark, data, key_text=texts)])
-            if rows < self._chunk_rows:
-                return
+        finally:
+            pending.cancel()
 
     async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
         """A keyless table through a server-side cursor, in batches of ``chunk_rows`` rows or ``chunk_bytes``.
