@@ -35,6 +35,7 @@ from pymysql.constants import FIELD_TYPE
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import TableSchema
+from cdcd.sources.mysql.failures import FATAL_CODES
 from cdcd.sources.mysql.types import Converter
 
 #: Field types PyMySQL keeps as bytes when their charset is binary (else decodes with the connection's).
@@ -98,7 +99,7 @@ class BulkConnection:
             cur.close()
             return [tuple(_text(v) for v in r) for r in rows]
         except MySQLdb.Error as exc:
-            raise SourceError(f"snapshot on {self.where} (bulk reader): {exc}") from exc
+            raise self._error(exc) from exc
 
     def start(self, sql: str, params: Sequence[Any]) -> list[int]:
         """Run a chunk query as a streamed result; returns the field types of its columns."""
@@ -110,7 +111,7 @@ class BulkConnection:
             self._cursor.execute(sql, tuple(params) if params else None)
             return [int(d[1]) for d in self._cursor.description]
         except MySQLdb.Error as exc:
-            raise SourceError(f"snapshot on {self.where} (bulk reader): {exc}") from exc
+            raise self._error(exc) from exc
 
     def fetch(self, n: int) -> list[tuple[Any, ...]]:
         import MySQLdb
@@ -118,12 +119,24 @@ class BulkConnection:
         try:
             return list(self._cursor.fetchmany(n))
         except MySQLdb.Error as exc:
-            raise SourceError(f"snapshot on {self.where} (bulk reader): {exc}") from exc
+            raise self._error(exc) from exc
 
     def end_result(self) -> None:
         if self._cursor is not None:
             cursor, self._cursor = self._cursor, None
             cursor.close()
+
+    def _error(self, exc: BaseException) -> SourceError:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        msg = exc.args[1] if len(exc.args) > 1 else str(exc)
+        where = f"snapshot on {self.where} (bulk reader)"
+        if code in FATAL_CODES:
+            return SourceFatal(f"{where}: server error {code}: {msg}; check the cdc user's privileges (see "
+                               "`cdcd check`) and source.tables")
+        if code is not None and 2000 <= code < 3000:  # client errors: a lost connection, the read timeout
+            return SourceError(f"{where}: connection lost or no answer within the read timeout "
+                               f"(runtime.source_read_timeout_s) ({code}: {msg}); reconnecting")
+        return SourceError(f"{where}: {exc}; reconnecting")
 
     def close(self) -> None:
         conn, self._conn, self._cursor = self._conn, None, None

@@ -21,11 +21,12 @@ and ``sslrootcert`` are libpq's own parameters, passed as they are.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlencode
 
 import numpy as np
@@ -49,6 +50,8 @@ NATIVE = {"bool": pa.bool_(), "int2": pa.int16(), "int4": pa.int32(), "int8": pa
 TEMPORAL = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "timestamptz": pa.timestamp("us", tz="UTC")}
 #: Character types keep their typmod in the source type name (``varchar(20)``); the binary form is the text.
 _CHAR_TYPES = ("varchar", "bpchar")
+
+_T = TypeVar("_T")
 
 #: Bytes per Arrow batch the driver hands out: one RowBlock each.
 BATCH_BYTES = 4 << 20
@@ -225,6 +228,42 @@ class BulkConnection:
             self._lock.release()
 
 
+async def call(fn: Callable[[], _T], limit_s: float, what: str) -> _T:
+    """``fn()`` in a thread of its own, waited for at most ``limit_s``.
+
+    libpq has no read timeout: on a connection silenced by the network (no FIN, no RST) a read waits
+    forever, and ``statement_timeout``'s error cannot arrive either. So the wait is bounded here; the
+    query is cancelled and the thread, still blocked in libpq, is a daemon thread: it holds neither the
+    event loop nor the process's exit, and its connection is given up (``BulkConnection.close``).
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, exc: BaseException | None) -> None:
+        if fut.done():
+            return  # given up (timeout or cancel): nobody waits for it
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, exc = fn(), None
+        except BaseException as e:  # handed to the waiting coroutine
+            result, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (process stopping)
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=run, name="cdcd-pg-bulk", daemon=True).start()
+    try:
+        async with asyncio.timeout(limit_s):
+            return await fut
+    except TimeoutError as exc:
+        raise SourceError(f"{what}: no answer within {limit_s:g}s (runtime.source_read_timeout_s); the "
+                          "connection is taken for dead, reconnecting") from exc
+
+
 class ChunkCursor:
     """A table's key-ordered chunks as one sequence of converted batches. Blocking: one call at a time."""
 
@@ -307,7 +346,7 @@ class BatchConverter:
         for i in self._key_fields:
             at = self.plan.key_text_at.get(i)
             if at is not None:
-                after.append(str(batch.column(at)[last].as_py()))
+                after.append(str(_plain(batch.column(at))[last].as_py()))
             else:
                 after.append(key_text(arrays[i][last].as_py()))
         return data, tuple(texts), after

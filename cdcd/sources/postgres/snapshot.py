@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -144,7 +145,9 @@ class SnapshotReader:
                 for _ in range(workers):
                     bulk = bulkread.BulkConnection(self._params, min(bulkread.BATCH_BYTES, self._chunk_bytes))
                     self._bulk_conns.append(bulk)
-                    await asyncio.to_thread(bulk.open, snapshot_name)
+                    await bulkread.call(functools.partial(bulk.open, snapshot_name),
+                                        self._params.connect_timeout_s + self._params.read_timeout_s,
+                                        f"opening the snapshot's bulk reader on {self._params.where}")
         except BaseException:
             await self.close()
             raise
@@ -282,7 +285,8 @@ class SnapshotReader:
             self._chunk_rows, table.after)
 
         def read_ahead() -> asyncio.Future[tuple[pa.Table, tuple[pa.Array | None, ...], list[str]] | None]:
-            fut = asyncio.ensure_future(asyncio.to_thread(chunks.next))
+            fut = asyncio.ensure_future(bulkread.call(chunks.next, self._params.read_timeout_s,
+                                                      f"snapshot of {self._params.where}: a chunk"))
             # abandoned (the worker stops): the thread's error, if any, is not this worker's to raise
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             return fut
