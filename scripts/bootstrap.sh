@@ -27,6 +27,9 @@ have_pg || missing+=(postgresql postgresql-client)
 have_maria || missing+=(mariadb-server mariadb-client)
 have_java || missing+=(default-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
+# mysqlclient (the MySQL/MariaDB snapshot's bulk reader) builds against libmariadb; pip finds it with pkg-config
+[ -e /usr/include/mariadb/mysql.h ] || missing+=(libmariadb-dev)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
 
 if [ ${#missing[@]} -gt 0 ]; then
     step "install ${missing[*]}"

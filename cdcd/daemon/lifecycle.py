@@ -30,7 +30,6 @@ from cdcd import __version__
 from cdcd.config import Config
 from cdcd.daemon.exitcodes import ExitCode, exit_code_for
 from cdcd.daemon.httpserver import HttpServer, Response
-from cdcd.daemon.metrics import CONTENT_TYPE, make_registry, render
 from cdcd.daemon.operator import Answer, Operator
 from cdcd.daemon.progress import RateTracker, progress_fields, render_live, summary_line
 from cdcd.daemon.sdnotify import Notifier
@@ -206,6 +205,9 @@ class Daemon:
         self.notifier.watchdog()
 
     def _make_http(self) -> HttpServer:
+        # Loaded on use: prometheus_client (and http.server, email behind it) only when http.listen is set.
+        from cdcd.daemon.metrics import CONTENT_TYPE, make_registry, render
+
         registry = make_registry(self.status, self.is_ready)
         host, port = self.config.http.host_port
         return HttpServer(host, port, {

@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # rich is loaded by render_live only: a daemon without a TTY never draws
+    from rich.console import Group
 
 
 @dataclass
@@ -101,6 +100,10 @@ def progress_fields(status: Mapping[str, Any], rates: RateTracker) -> dict[str, 
 
 
 def render_live(status: Mapping[str, Any], rates: RateTracker) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     """The TTY display: a per-table snapshot table while it runs, then one status line."""
     source: Mapping[str, Any] = status.get("source") or {}
     snapshot: Mapping[str, Mapping[str, Any]] = source.get("snapshot") or {}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ import pyarrow as pa
 from cdcd.errors import SourceFatal
 from cdcd.events import Column, Item, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
+from cdcd.sources.mysql import bulkread
 from cdcd.sources.mysql.connection import open_connection as open_connection
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
@@ -151,25 +152,42 @@ async def _execute(conn: aiomysql.Connection, sql: str) -> list[Any]:
         return list(await cur.fetchall())
 
 
-async def begin_consistent(conns: list[aiomysql.Connection], flavor: str) -> tuple[Watermark, int]:
-    """Open a consistent snapshot on the connections; returns the watermark and how many share it."""
+async def begin_consistent(conns: list[aiomysql.Connection], flavor: str,
+                           bulks: list[bulkread.BulkConnection] | None = None) -> tuple[Watermark, int]:
+    """Open a consistent snapshot on the connections; returns the watermark and how many share it.
+
+    ``bulks`` (the bulk reader's connections, one per connection) join the same snapshot; when MariaDB
+    cannot give them the shared position, they are closed and the list emptied (the aiomysql reader runs).
+    """
+    extra = bulks if bulks is not None else []
+
+    async def on_bulks(sql: str) -> list[list[tuple[Any, ...]]]:
+        return list(await asyncio.gather(*(asyncio.to_thread(b.execute, sql) for b in extra)))
+
     if flavor == "mariadb":
         for _ in range(SAME_POSITION_ATTEMPTS):
-            await asyncio.gather(*(_execute(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT") for c in conns))
-            seen = [parse_snapshot_status(await _execute(c, "SHOW STATUS LIKE 'binlog_snapshot_%'")) for c in conns]
+            start = "START TRANSACTION WITH CONSISTENT SNAPSHOT"
+            await asyncio.gather(*(_execute(c, start) for c in conns), on_bulks(start))
+            status = "SHOW STATUS LIKE 'binlog_snapshot_%'"
+            seen = [parse_snapshot_status(await _execute(c, status)) for c in conns]
+            seen += [parse_snapshot_status(rows) for rows in await on_bulks(status)]
             if all(s == seen[0] for s in seen):
                 file, pos = seen[0]
                 gtid_rows = await _execute(conns[0], f"SELECT BINLOG_GTID_POS('{file}', {pos})")
                 return Watermark(file, pos, str(gtid_rows[0][0] or "")), len(conns)
-            await asyncio.gather(*(_execute(c, "ROLLBACK") for c in conns))
+            await asyncio.gather(*(_execute(c, "ROLLBACK") for c in conns), on_bulks("ROLLBACK"))
         # writes kept landing between the snapshots: one connection is always consistent with itself
+        for b in extra:
+            await asyncio.to_thread(b.close)
+        extra.clear()
         await _execute(conns[0], "START TRANSACTION WITH CONSISTENT SNAPSHOT")
         file, pos = parse_snapshot_status(await _execute(conns[0], "SHOW STATUS LIKE 'binlog_snapshot_%'"))
         gtid_rows = await _execute(conns[0], f"SELECT BINLOG_GTID_POS('{file}', {pos})")
         return Watermark(file, pos, str(gtid_rows[0][0] or "")), 1
     await _execute(conns[0], "FLUSH TABLES WITH READ LOCK")
     try:
-        await asyncio.gather(*(_execute(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT") for c in conns))
+        start = "START TRANSACTION WITH CONSISTENT SNAPSHOT"
+        await asyncio.gather(*(_execute(c, start) for c in conns), on_bulks(start))
         async with conns[0].cursor(aiomysql.DictCursor) as cur:
             try:
                 await cur.execute("SHOW BINARY LOG STATUS")
@@ -186,8 +204,11 @@ class Snapshotter:
 
     def __init__(self, settings: dict[str, Any], flavor: str, parallelism: int, chunk_rows: int,
                  history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None,
-                 read_timeout_s: float = 300.0, chunk_bytes: int = CHUNK_BYTES) -> None:
+                 read_timeout_s: float = 300.0, chunk_bytes: int = CHUNK_BYTES, bulk: bool | None = None) -> None:
+        """``bulk``: read through mysqlclient (``bulkread.py``); None: when it is installed and TLS allows."""
         self.settings = settings
+        self.bulk = bulkread.usable(tls.sslmode if tls is not None else "disable") if bulk is None else bulk
+        self._bulks: dict[int, bulkread.BulkConnection] = {}  # id(aiomysql connection) -> its bulk connection
         self.read_timeout_s = read_timeout_s  # each query, each chunk included, ends within this
         self.tls = tls
         self.history = history
@@ -201,15 +222,25 @@ class Snapshotter:
 
     async def open(self) -> Watermark:
         """Connect and open the consistent snapshot; returns its binlog position."""
+        bulks: list[bulkread.BulkConnection] = []
         try:
             async with asyncio.timeout(self.read_timeout_s):
                 self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
-                wm, shared = await begin_consistent(self._conns, self.flavor)
+                if self.bulk:
+                    for _ in self._conns:
+                        bulks.append(bulkread.BulkConnection(self.settings, self.read_timeout_s))
+                        await asyncio.to_thread(bulks[-1].open)
+                wm, shared = await begin_consistent(self._conns, self.flavor, bulks if self.bulk else None)
         except Exception as exc:
+            for b in bulks:
+                b.close()
             raise query_error(exc, f"opening the snapshot on {self._where}") from exc
         for c in self._conns[shared:]:
             c.close()
+        for b in bulks[shared:]:
+            b.close()
         self._conns = self._conns[:shared]
+        self._bulks = {id(c): b for c, b in zip(self._conns, bulks, strict=False)}
         return wm
 
     async def run(self, tasks: list[SnapshotTask], at: MySqlPosition) -> AsyncIterator[list[Item]]:
@@ -230,6 +261,9 @@ class Snapshotter:
                     async for chunk in self._read_table(conn, task, at):
                         await queue.put(chunk)
                 await _execute(conn, "COMMIT")  # ends the snapshot: releases its metadata locks and undo
+                bulk = self._bulks.get(id(conn))
+                if bulk is not None:
+                    await asyncio.to_thread(bulk.execute, "COMMIT")
                 await queue.put(None)
             except Exception as exc:  # connection loss, a server restart: transient, the runtime resumes
                 await queue.put(query_error(exc, f"snapshot on {self._where}"))
@@ -294,6 +328,24 @@ class Snapshotter:
                 sql, params = select, []  # no key to paginate by: one streamed read, cut into blocks by size
             rows = 0
             last: tuple[Any, ...] | None = None
+            bulk = self._bulks.get(id(conn))
+            if bulk is not None:
+                try:
+                    async for data, tail, texts in reader.bulk_blocks(bulk, sql, params):
+                        rows += data.num_rows
+                        prog.rows += data.num_rows
+                        last = tail
+                        yield [RowBlock(schema, at, data, key_text=texts)]
+                except BaseException:
+                    # abandoned mid-result: the connections are dropped (reading the rest could take long)
+                    conn.close()
+                    self._bulks.pop(id(conn), None)
+                    bulk.close()
+                    raise
+                if not pk or rows < self.chunk_rows or last is None:
+                    break
+                after = tuple(last[i] for i in key_idx)
+                continue
             cur = await conn.cursor(aiomysql.SSCursor)
             try:
                 # Every read from the server has the limit, not the whole streamed chunk: its blocks may wait
@@ -323,12 +375,18 @@ class Snapshotter:
         return f"{self.flavor} {self.settings['host']}:{self.settings['port']}"
 
     async def close(self) -> None:
+        bulks, self._bulks = list(self._bulks.values()), {}
+        for b in bulks:
+            await asyncio.to_thread(b.close)
         for c in self._conns:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(c.ensure_closed(), 5)
         self._conns = []
 
     def terminate(self) -> None:
+        bulks, self._bulks = list(self._bulks.values()), {}
+        for b in bulks:
+            b.close()
         for c in self._conns:
             with contextlib.suppress(Exception):
                 c.close()
@@ -397,6 +455,41 @@ class _ChunkReader:
                 texts.append(self._texts(raw))
                 size += part.nbytes
                 last = raw[-1]
+            ended = len(raw) < self.group
+            if parts and (ended or size >= self.chunk_bytes):
+                yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last, \
+                    _concat_texts(texts)
+                parts, texts, size = [], [], 0
+            if ended:
+                return
+
+
+    async def bulk_blocks(self, bulk: bulkread.BulkConnection, sql: str,
+                          params: list[Any]) -> AsyncIterator[tuple[pa.Table, tuple[Any, ...], _Texts]]:
+        """As ``blocks``, from the bulk reader: the result is read and converted in a worker thread."""
+        types = await asyncio.to_thread(bulk.start, sql, params)
+        blocks = self._bulk_blocks(bulk, types)
+        while (got := await asyncio.to_thread(next, blocks, None)) is not None:
+            yield got
+        await asyncio.to_thread(bulk.end_result)
+
+    def _bulk_blocks(self, bulk: bulkread.BulkConnection,
+                     types: list[int]) -> Iterator[tuple[pa.Table, tuple[Any, ...], _Texts]]:
+        parts: list[pa.Table] = []
+        texts: list[_Texts] = []
+        size = 0
+        last: tuple[Any, ...] = ()
+        while True:
+            self.group = self._next_group()
+            raw = bulk.fetch(self.group)
+            if raw:
+                part = bulkread.raw_rows_to_table(self.schema, self.convs, raw, types)
+                self.row_bytes = max(part.nbytes / len(raw), 1.0)
+                parts.append(part)
+                # driver rows (as aiomysql's) only where they matter: zero-date key texts, the resume key
+                texts.append(self._texts([bulkread.driver_row(r, types) for r in raw]) if self.text_fields else None)
+                size += part.nbytes
+                last = bulkread.driver_row(raw[-1], types)
             ended = len(raw) < self.group
             if parts and (ended or size >= self.chunk_bytes):
                 yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last, \

@@ -42,7 +42,7 @@ _TS_MAX, _TS_MIN = "9999-12-31 23:59:59.999999", "0001-01-01 00:00:00"
 
 class _Kind(enum.Enum):
     PARSED = "parsed"  # the CSV reader converts it (ints, float8, bool)
-    FLOAT4 = "float4"  # read as float8, then rounded to float32 like the stream's converter
+    FLOAT4 = "float4"  # parsed as float8, then rounded to float32 like the stream's converter
     STRING = "string"
     DECIMAL = "decimal"
     DATE = "date"
@@ -72,6 +72,12 @@ def _kind(arrow: pa.DataType) -> _Kind:
     if arrow == pa.time64("us"):
         return _Kind.TIME
     return _Kind.PYTHON
+
+
+def needs_key_text(arrow: pa.DataType) -> bool:
+    """A key column of this landed type keeps the server's text for the resume key (RowBlock.key_text):
+    its landed value does not always give the source's value back (NaN, ±infinity, arrays, rounding)."""
+    return _kind(arrow) is not _Kind.PARSED
 
 
 def unescape_field(raw: bytes) -> str:
@@ -162,7 +168,7 @@ class CopyDecoder:
         self.shape = shape
         # Key columns whose landed value does not give the source's value back (NaN, ±infinity, arrays):
         # their text is kept for the snapshot's resume key.
-        self._key_texts = [i for i in key_fields if _kind(shape.schema.columns[i].type) is not _Kind.PARSED]
+        self._key_texts = [i for i in key_fields if needs_key_text(shape.schema.columns[i].type)]
         self._key_fields = list(key_fields)
         self._warnings = warnings
         cols = shape.schema.columns
@@ -170,7 +176,8 @@ class CopyDecoder:
         self._names = [f"c{i}" for i in range(len(cols))]
         # A header line of our own: the CSV reader would eat a byte-order mark opening the first row.
         self._header = ("\t".join(self._names) + "\n").encode()
-        types = {name: (c.type if kind is _Kind.PARSED else pa.float64() if kind is _Kind.FLOAT4 else pa.string())
+        # float4 is read as text and cast here: a float4 key keeps the server's text for its resume key
+        types = {name: (c.type if kind is _Kind.PARSED else pa.string())
                  for name, c, kind in zip(self._names, cols, self._kinds, strict=True)}
         self._parse = pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False,
                                          newlines_in_values=False, ignore_empty_lines=False)
@@ -212,6 +219,12 @@ class CopyDecoder:
         arrays = [self._column(i, columns[i], escaped) for i in range(len(self._names))]
         return pa.Table.from_arrays(arrays, schema=self._schema()), tuple(texts)
 
+    def text_column(self, i: int, col: pa.Array) -> pa.Array:
+        """Column ``i`` from its values' text output (no COPY escapes: e.g. ``format('%s', col)``)."""
+        if self._kinds[i] in (_Kind.PARSED, _Kind.FLOAT4):
+            return self._per_value(i, col)  # the CSV reader's parsing is not there: the stream's converter
+        return self._column(i, col, escaped=False)
+
     def _read(self, data: bytes, block: int) -> pa.Table:
         return pacsv.read_csv(pa.py_buffer(data), read_options=pacsv.ReadOptions(use_threads=True, block_size=block),
                               parse_options=self._parse, convert_options=self._convert)
@@ -224,8 +237,8 @@ class CopyDecoder:
         arrow = self.shape.schema.columns[i].type
         if kind is _Kind.PARSED:
             return col
-        if kind is _Kind.FLOAT4:
-            return pc.cast(col, pa.float32())
+        if kind is _Kind.FLOAT4:  # through float8, as the stream's converter rounds
+            return pc.cast(pc.cast(col, pa.float64()), pa.float32())
         if escaped:
             col = _unescape(col)
         if kind is _Kind.STRING:

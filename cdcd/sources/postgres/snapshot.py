@@ -7,10 +7,15 @@ Tables are spread over the workers; each table is read by one worker in
 key-ordered chunks (keyset pagination), so "last key acked" is a resume
 point.
 
-Tables with a key take the columnar path: each chunk is one ``COPY (SELECT
-... LIMIT n) TO STDOUT`` in text format, parsed in bulk into Arrow columns in
-a worker thread (copytext.py) while the next chunk is read, and handed on as
-one ``RowBlock``. Tables without a key fall back to the row path: read whole
+Tables with a key take the columnar path. With the ADBC PostgreSQL driver
+installed (the default), each chunk is one ``SELECT ... ORDER BY key LIMIT n``
+read as binary COPY straight into Arrow by libpq and the driver's C++ in a
+worker thread (bulkread.py), on a second connection per worker that imports
+the same snapshot; columns the driver does not decode exactly as cdcd lands
+them are selected as text and converted by the text path. Without it, each
+chunk is one ``COPY (SELECT ... LIMIT n) TO STDOUT`` in text format, parsed in
+bulk into Arrow columns in a worker thread (copytext.py) while the next chunk
+is read. Either way a chunk is handed on as ``RowBlock``s. Tables without a key fall back to the row path: read whole
 with a cursor, one ChangeEvent per row (they cannot be paginated by key, and
 a COPY of the whole table would have to be split into chunks by scanning its
 bytes for row ends).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +37,7 @@ import pyarrow as pa
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableSchema
 from cdcd.positions import PgPosition, Position, parse_lsn
+from cdcd.sources.postgres import bulkread
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
@@ -105,8 +112,11 @@ class SnapshotReader:
     """Opens the snapshot transactions, then yields snapshot rows and per-table Marks."""
 
     def __init__(self, params: ConnectParams, parallelism: int, chunk_rows: int, warnings: Warnings,
-                 chunk_bytes: int = BLOCK_BYTES) -> None:
+                 chunk_bytes: int = BLOCK_BYTES, bulk: bool | None = None) -> None:
+        """``bulk``: read keyed tables with the ADBC bulk reader (None: when the driver is installed)."""
         self._params = params
+        self._bulk = bulkread.available() if bulk is None else bulk
+        self._bulk_conns: list[bulkread.BulkConnection] = []
         self._parallelism = parallelism
         self._chunk_rows = chunk_rows
         self._chunk_bytes = chunk_bytes
@@ -131,6 +141,13 @@ class SnapshotReader:
                 self._conns.append(conn)
                 await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 await conn.execute(f"SET TRANSACTION SNAPSHOT {quote_literal(snapshot_name)}")
+            if self._bulk:
+                for _ in range(workers):
+                    bulk = bulkread.BulkConnection(self._params, min(bulkread.BATCH_BYTES, self._chunk_bytes))
+                    self._bulk_conns.append(bulk)
+                    await bulkread.call(functools.partial(bulk.open, snapshot_name),
+                                        self._params.connect_timeout_s + self._params.read_timeout_s,
+                                        f"opening the snapshot's bulk reader on {self._params.where}")
         except BaseException:
             await self.close()
             raise
@@ -142,7 +159,9 @@ class SnapshotReader:
             if not t.done:
                 todo.put_nowait(t)
         out: asyncio.Queue[Any] = asyncio.Queue(maxsize=2 * len(self._conns))
-        tasks = [asyncio.create_task(self._work(conn, todo, out, watermark)) for conn in self._conns]
+        bulks: list[bulkread.BulkConnection | None] = [*self._bulk_conns] or [None] * len(self._conns)
+        tasks = [asyncio.create_task(self._work(conn, bulk, todo, out, watermark))
+                 for conn, bulk in zip(self._conns, bulks, strict=True)]
         running = len(tasks)
         try:
             while running:
@@ -161,12 +180,14 @@ class SnapshotReader:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _work(self, conn: Any, todo: asyncio.Queue[SnapshotTable], out: asyncio.Queue[Any],
-                    watermark: PgPosition) -> None:
+    async def _work(self, conn: Any, bulk: bulkread.BulkConnection | None, todo: asyncio.Queue[SnapshotTable],
+                    out: asyncio.Queue[Any], watermark: PgPosition) -> None:
         try:
             while not todo.empty():
                 table = todo.get_nowait()
-                if table.info.key:
+                if table.info.key and bulk is not None:
+                    await self._keyed_bulk(bulk, table, out, watermark)
+                elif table.info.key:
                     await self._keyed(conn, table, out, watermark)
                 else:
                     await self._whole(conn, table, out, watermark)
@@ -246,6 +267,42 @@ class SnapshotReader:
             for fut in parsing:
                 fut.cancel()
 
+    async def _keyed_bulk(self, bulk: bulkread.BulkConnection, table: SnapshotTable, out: asyncio.Queue[Any],
+                          watermark: PgPosition) -> None:
+        """Key-ordered chunks read by the bulk reader (binary COPY into Arrow, in a thread), one RowBlock per
+        batch the driver hands out (about ``bulkread.BATCH_BYTES``).
+
+        The next batch (the next chunk's query included) is read and converted in its thread while this one
+        is handed on, so the server, the driver and the landing overlap.
+        """
+        names = table.shape.schema.column_names
+        key_fields = [names.index(k) for k in table.info.key]
+        bulk_plan = bulkread.plan(table.shape, key_fields)
+        convert = bulkread.BatchConverter(table.shape, self._warnings, key_fields, bulk_plan)
+        types = {c.name: c.sql_type for c in table.info.columns}
+        chunks = bulkread.ChunkCursor(bulk, convert, lambda after: bulkread.chunk_query(
+            bulk_plan.select, table.info.table, table.info.key, types, after, self._chunk_rows),
+            self._chunk_rows, table.after)
+
+        def read_ahead() -> asyncio.Future[tuple[pa.Table, tuple[pa.Array | None, ...], list[str]] | None]:
+            fut = asyncio.ensure_future(bulkread.call(chunks.next, self._params.read_timeout_s,
+                                                      f"snapshot of {self._params.where}: a chunk"))
+            # abandoned (the worker stops): the thread's error, if any, is not this worker's to raise
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return fut
+
+        pending = read_ahead()
+        try:
+            while (got := await pending) is not None:
+                pending = read_ahead()
+                data, texts, after = got
+                table.rows += data.num_rows
+                table.after = after  # where the next chunk starts: the last row's key as the server's text
+                # key_text: the checkpoint's resume key is the server's text, not rebuilt from landed values
+                await out.put([RowBlock(table.shape.schema, watermark, data, key_text=texts)])
+        finally:
+            pending.cancel()
+
     async def _whole(self, conn: Any, table: SnapshotTable, out: asyncio.Queue[Any], watermark: PgPosition) -> None:
         """A keyless table through a server-side cursor, in batches of ``chunk_rows`` rows or ``chunk_bytes``.
 
@@ -298,6 +355,9 @@ class SnapshotReader:
 
     async def close(self) -> None:
         conns = [*self._conns, *([self._exporter] if self._exporter is not None else [])]
+        bulks, self._bulk_conns = self._bulk_conns, []
+        for bulk in bulks:
+            await asyncio.to_thread(bulk.close)
         self._conns, self._exporter = [], None
         for conn in conns:
             with contextlib.suppress(Exception):
@@ -305,6 +365,9 @@ class SnapshotReader:
 
     def terminate(self) -> None:
         conns = [*self._conns, *([self._exporter] if self._exporter is not None else [])]
+        bulks, self._bulk_conns = self._bulk_conns, []
+        for bulk in bulks:
+            bulk.close(wait_s=0)  # cancels its query; closes it unless a thread is reading from it
         self._conns, self._exporter = [], None
         for conn in conns:
             with contextlib.suppress(Exception):

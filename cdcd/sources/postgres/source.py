@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import structlog
@@ -33,9 +33,11 @@ from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, check_slot, decide
 from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.shape import shape_from_info, warn_unknown
-from cdcd.sources.postgres.snapshot import PgSnapshot, SnapshotReader, SnapshotTable
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
 from cdcd.sources.postgres.stream import PgStream, PgTables
+
+if TYPE_CHECKING:  # the snapshot reader (numpy, pyarrow.compute) is loaded when a snapshot is due
+    from cdcd.sources.postgres.snapshot import SnapshotReader, SnapshotTable
 
 log = structlog.get_logger("cdcd.source.postgres")
 
@@ -103,6 +105,8 @@ class PostgresSource(Source):
         fresh = self._start_mark is not None and self._start_mark.kind is MarkKind.SNAPSHOT_START
         snapshot = None
         if self._reader is not None:
+            from cdcd.sources.postgres.snapshot import PgSnapshot
+
             snapshot = PgSnapshot(self._reader, self._snapshot_tables, self._watermark, fresh)
         self._coord.start(CapturePlan(announce=[*announce, *self._announce], snapshot=snapshot,
                                       stream=self._stream if self._stream_changes else None))
@@ -294,6 +298,8 @@ class PostgresSource(Source):
             await repl.close()
 
     async def _open_snapshot(self, snapshot_name: str | None, state: PgState, slot: str | None) -> None:
+        from cdcd.sources.postgres.snapshot import SnapshotReader, SnapshotTable
+
         tables: list[SnapshotTable] = []
         for t in self._tables:
             entry = state.tables.get(str(t)) or TableProgress()

@@ -1,0 +1,221 @@
+"""The MySQL/MariaDB snapshot's bulk reader: mysqlclient (C) in a worker thread, columns cast in Arrow.
+
+The aiomysql reader decodes every value of every row in pure Python (PyMySQL's protocol parser and
+converters). Here each snapshot worker has a second connection through mysqlclient (libmariadb, C)
+with no converters at all: a streamed result (``SSCursor``, ``mysql_use_result``, the GIL released
+while libmariadb reads) gives the raw text of each value, ``str`` for character columns and ``bytes``
+for the others. A group of rows becomes Arrow columns with one ``pa.array`` call per column and
+Arrow's vectorized casts (integers, floats, decimals, dates, timestamps from their text).
+
+Exact values: whenever a cast refuses a column of a group (a zero date, a value out of range, a type
+without a cast such as TIME or BIT), that column of that group is decoded value by value the way
+PyMySQL decodes the text protocol (``_pymysql_value``: its per-type decoders, its choice of ``str``
+or ``bytes``), then goes through the same ``column_array`` and converters as the aiomysql reader, so
+both readers land the same values, warnings and resume keys (the differential test is the judge).
+
+The connection joins the worker's consistent snapshot (``snapshot.begin_consistent`` starts it on
+both and checks MariaDB's snapshot position), keeps the session settings of ``open_connection``
+(UTC, REPEATABLE READ) and the limits: connect timeout, and ``read_timeout``/``write_timeout`` of
+``runtime.source_read_timeout_s`` on every read of the result. TLS: used with ``source.sslmode =
+disable`` only; the other modes keep the aiomysql reader, whose TLS handling (``tls.py``) decides at
+the server's greeting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pymysql import converters as pymysql_converters
+from pymysql.constants import FIELD_TYPE
+
+from cdcd.errors import SourceError, SourceFatal
+from cdcd.events import TableSchema
+from cdcd.sources.mysql.failures import FATAL_CODES
+from cdcd.sources.mysql.types import Converter
+
+#: Field types PyMySQL keeps as bytes when their charset is binary (else decodes with the connection's).
+_TEXT_TYPES = {FIELD_TYPE.BIT, FIELD_TYPE.BLOB, FIELD_TYPE.LONG_BLOB, FIELD_TYPE.MEDIUM_BLOB, FIELD_TYPE.STRING,
+               FIELD_TYPE.TINY_BLOB, FIELD_TYPE.VAR_STRING, FIELD_TYPE.VARCHAR, FIELD_TYPE.GEOMETRY}
+
+
+def available() -> bool:
+    """Whether mysqlclient is installed (else the snapshot reads through aiomysql)."""
+    try:
+        import MySQLdb  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def usable(sslmode: str) -> bool:
+    """The bulk reader serves this source (mysqlclient installed, a TLS mode it takes over unchanged)."""
+    return sslmode == "disable" and available()
+
+
+class BulkConnection:
+    """One worker's mysqlclient connection. Blocking: call it from a thread, one call at a time."""
+
+    def __init__(self, settings: dict[str, Any], read_timeout_s: float) -> None:
+        self._settings = settings
+        self._read_timeout_s = read_timeout_s
+        self._conn: Any = None
+        self._cursor: Any = None
+
+    @property
+    def where(self) -> str:
+        return f"{self._settings['host']}:{self._settings['port']}"
+
+    def open(self) -> None:
+        import MySQLdb
+
+        s = self._settings
+        limit = max(1, round(self._read_timeout_s))
+        try:
+            self._conn = MySQLdb.connect(
+                host=s["host"], port=int(s["port"]), user=s["user"], password=s.get("password") or "",
+                charset="utf8mb4", connect_timeout=int(s.get("connect_timeout", 10)), read_timeout=limit,
+                write_timeout=limit, conv={}, autocommit=True)
+            cur = self._conn.cursor()
+            cur.execute("SET SESSION time_zone = '+00:00'")
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.close()
+        except MySQLdb.Error as exc:
+            self.close()
+            raise SourceError(f"cannot connect the snapshot's bulk reader to {self.where}: {exc}") from exc
+
+    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+        """A statement on the connection (the snapshot's BEGIN, status, COMMIT); its rows."""
+        import MySQLdb
+
+        try:
+            cur = self._conn.cursor()
+            cur.execute(sql)
+            rows = list(cur.fetchall() or ())
+            cur.close()
+            return [tuple(_text(v) for v in r) for r in rows]
+        except MySQLdb.Error as exc:
+            raise self._error(exc) from exc
+
+    def start(self, sql: str, params: Sequence[Any]) -> list[int]:
+        """Run a chunk query as a streamed result; returns the field types of its columns."""
+        import MySQLdb
+        import MySQLdb.cursors
+
+        try:
+            self._cursor = self._conn.cursor(MySQLdb.cursors.SSCursor)
+            self._cursor.execute(sql, tuple(params) if params else None)
+            return [int(d[1]) for d in self._cursor.description]
+        except MySQLdb.Error as exc:
+            raise self._error(exc) from exc
+
+    def fetch(self, n: int) -> list[tuple[Any, ...]]:
+        import MySQLdb
+
+        try:
+            return list(self._cursor.fetchmany(n))
+        except MySQLdb.Error as exc:
+            raise self._error(exc) from exc
+
+    def end_result(self) -> None:
+        if self._cursor is not None:
+            cursor, self._cursor = self._cursor, None
+            cursor.close()
+
+    def _error(self, exc: BaseException) -> SourceError:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        msg = exc.args[1] if len(exc.args) > 1 else str(exc)
+        where = f"snapshot on {self.where} (bulk reader)"
+        if code in FATAL_CODES:
+            return SourceFatal(f"{where}: server error {code}: {msg}; check the cdc user's privileges (see "
+                               "`cdcd check`) and source.tables")
+        if code is not None and 2000 <= code < 3000:  # client errors: a lost connection, the read timeout
+            return SourceError(f"{where}: connection lost or no answer within the read timeout "
+                               f"(runtime.source_read_timeout_s) ({code}: {msg}); reconnecting")
+        return SourceError(f"{where}: {exc}; reconnecting")
+
+    def close(self) -> None:
+        conn, self._conn, self._cursor = self._conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection: nothing left to save
+                conn.close()
+
+
+def _text(v: Any) -> Any:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _pymysql_value(raw: Any, field_type: int) -> Any:
+    """The value PyMySQL gives for this raw text-protocol value (mysqlclient without converters)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        if field_type == FIELD_TYPE.JSON:
+            raw = raw.decode("utf-8")
+        elif field_type not in _TEXT_TYPES:
+            raw = raw.decode("ascii")
+        # else a binary-charset text type: bytes, as PyMySQL keeps it
+    decode = pymysql_converters.decoders.get(field_type)
+    if decode is None or decode is pymysql_converters.through:
+        return raw
+    return decode(raw)
+
+
+def driver_row(raw: tuple[Any, ...], field_types: Sequence[int]) -> tuple[Any, ...]:
+    """A raw row as the aiomysql reader's driver row (for the resume key and zero-date key texts)."""
+    return tuple(_pymysql_value(v, t) for v, t in zip(raw, field_types, strict=True))
+
+
+def _cast_text(values: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
+    """A column of raw texts cast in Arrow, or None when Arrow has no exact cast for it."""
+    if pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_decimal(type_) \
+            or type_ == pa.date32() or pa.types.is_timestamp(type_):
+        try:  # the driver gives bytes for these types (str only for character types)
+            text = pa.array(values, pa.binary()).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return None
+        try:
+            if pa.types.is_float32(type_):  # read as DOUBLE (col * 1E0): rounded to float32 as pa.array does
+                return pc.cast(pc.cast(text, pa.float64()), type_)
+            if pa.types.is_timestamp(type_) and type_.tz is not None:
+                return pc.cast(pc.cast(text, pa.timestamp(type_.unit)), type_)  # the session is UTC
+            return pc.cast(text, type_)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None  # a zero date, a value out of range: value by value
+    return None
+
+
+def raw_rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: list[tuple[Any, ...]],
+                      field_types: Sequence[int]) -> pa.Table:
+    """A group of raw rows -> the RowBlock's Arrow table, equal to ``snapshot.rows_to_table`` on the
+    aiomysql reader's driver rows."""
+    from cdcd.sources.mysql.snapshot import _zero_warning, column_array
+
+    columns = list(zip(*raw, strict=True)) if raw else [() for _ in schema.columns]
+    arrays = []
+    for col, values, conv, ftype in zip(schema.columns, columns, convs, field_types, strict=True):
+        fast: pa.Array | None = None
+        if not values:
+            pass
+        elif pa.types.is_string(col.type) and (ftype in _TEXT_TYPES or ftype == FIELD_TYPE.JSON):
+            try:  # character columns: the driver's str (or UTF-8 bytes: PyMySQL decodes those to the same str)
+                fast = pa.array(values, pa.string())
+            except (pa.ArrowException, TypeError, ValueError):
+                fast = None
+        elif ftype not in _TEXT_TYPES and ftype != FIELD_TYPE.JSON:
+            fast = _cast_text(values, col.type)
+        if fast is not None:
+            arrays.append(fast)
+            continue
+        driver = [_pymysql_value(v, ftype) for v in values]
+        try:
+            arrays.append(column_array(driver, col.type, conv,
+                                       functools.partial(_zero_warning, schema.table, col.name)))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise SourceFatal(f"snapshot of {schema.table}: column {col.name!r} ({col.source_type}): values do not "
+                              f"fit Arrow type {col.type}: {exc}; the type mapping for this column is wrong") from exc
+    return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, c.type) for c in schema.columns]))
