@@ -58,6 +58,15 @@ def _run_as(user: str | None) -> dict[str, object]:
     return {"user": pw.pw_uid, "group": pw.pw_gid}
 
 
+def _init_datadir(cmd: list[str], **kwargs: object) -> None:
+    """Run a data directory initialiser (initdb, mariadb-install-db); its own output names what went wrong."""
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=180, **kwargs)  # type: ignore[call-overload]
+    except subprocess.CalledProcessError as exc:
+        out = b"\n".join(x for x in (exc.stdout, exc.stderr) if x).decode(errors="replace")[-2000:]
+        raise RuntimeError(f"{cmd[0]} failed with exit status {exc.returncode}:\n{out}") from exc
+
+
 def _service_user() -> str | None:
     if os.geteuid() != 0:
         return None
@@ -112,10 +121,10 @@ class PostgresServer:
         pwfile.write_text("postgres\n")
         if owner:
             shutil.chown(pwfile, owner)
-        subprocess.run(
+        _init_datadir(
             [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
              "--locale=C", "--no-sync"],
-            check=True, capture_output=True, **_run_as(owner),  # type: ignore[call-overload]
+            **_run_as(owner),
         )
         self.port = free_port()
         conf = {
@@ -285,11 +294,8 @@ class MariaDBServer:
         cnf = self.root / "my.cnf"
         cnf.write_text("[mariadbd]\n" + "".join(f"{k} = {v}\n" for k, v in conf.items()))
         user_args = [f"--user={owner}"] if owner else []
-        subprocess.run(
-            [install_db, f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
-             "--skip-test-db", *user_args],
-            check=True, capture_output=True,
-        )
+        _init_datadir([install_db, f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
+                       "--skip-test-db", *user_args])
         log = self.root / "server.log"
         self.proc = subprocess.Popen(
             [mariadbd, f"--defaults-file={cnf}", *user_args],
