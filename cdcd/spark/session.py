@@ -89,6 +89,10 @@ def session(fmt: str = "parquet") -> SparkSession:
     # the mirror must read back with pyarrow: no INT96, instants in UTC
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    # Parquet writes: a column's values are dictionary-encoded until the dictionary reaches this size, then
+    # re-encoded plain. Positions, keys and most text values are unique: Parquet's default of 1 MB spent a
+    # tenth of a merge's CPU building dictionaries it then dropped; columns of few values keep theirs
+    spark.conf.set("parquet.dictionary.page.size", "65536")
     # a merge reads one landed file per batch: list them on the driver instead of in a Spark job
     spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
     return spark
