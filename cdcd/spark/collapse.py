@@ -14,24 +14,14 @@ listed in ``_cdc_unavailable`` so that the MERGE keeps the mirror's value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    IntegerType,
-    LongType,
-    ShortType,
-    StringType,
-    StructType,
-)
+from pyspark.sql.types import DataType, StructType
 
 from cdcd.landing.reader import LandedFile
+from cdcd.spark.facts import RANGED, Facts, KeyRange, landed_facts
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
 from cdcd.spark.rule import (
     KIND,
@@ -43,28 +33,6 @@ from cdcd.spark.rule import (
     read_events,
     resolve_moves,
 )
-
-
-@dataclass(slots=True)
-class Facts:
-    """What the statements of a micro-batch depend on, from one aggregate over its events."""
-
-    events: int = 0
-    truncate_pos: str | None = None
-    unavailable: set[str] = field(default_factory=set)
-    key_changes: int = 0
-    unique: bool = False  # every key has one row event (no truncate counted): no per-key ordering needed
-    key_range: KeyRange | None = None  # of the first key column over every key the events name
-
-
-@dataclass(frozen=True, slots=True)
-class KeyRange:
-    """Lowest and highest value of the first key column (new and old keys), for the MERGE to prune files."""
-
-    column: str
-    lowest: Any  # None when every value is NULL
-    highest: Any
-    nulls: bool  # some event names a NULL value (a table without a primary key)
 
 
 @dataclass(slots=True)
@@ -97,12 +65,9 @@ def new_events(spark: SparkSession, files: list[LandedFile], watermark: str) -> 
     return events.filter(F.col("_cdc_pos") >= F.lit(watermark)) if watermark else events
 
 
-#: Key types whose range the MERGE states as literals (others: no pruning predicate, same result).
-RANGED = (ByteType, ShortType, IntegerType, LongType, StringType, DateType, DecimalType)
-
-
-def facts(events: DataFrame, key: list[str]) -> Facts:
-    """Counts, truncate, unavailable columns and key range in one aggregate; key uniqueness in a second one."""
+def spark_facts(events: DataFrame, key: list[str]) -> Facts:
+    """``facts.landed_facts`` as Spark jobs: counts, truncate, unavailable columns and key range in one
+    aggregate; key uniqueness in a second one. For landed files whose key types differ between versions."""
     moved = "_cdc_before_key" in events.columns
     moves = F.count_if(F.col("_cdc_before_key").isNotNull()) if moved else F.lit(0)
     rows = F.col("_cdc_op") != "t"
@@ -207,7 +172,7 @@ def prepare(spark: SparkSession, files: list[LandedFile], watermark: str, mirror
     cols, key = table_layout(files)
     events = new_events(spark, files, watermark)
     types = {f.name: f.dataType for f in events.schema.fields}
-    found = facts(events, key)
+    found = landed_facts(files, key, watermark, types) or spark_facts(events, key)
     collapsed, keep = collapse(events, cols, key, types, found, mirror)
     return Prepared(cols, key, types, events, found, keep, collapsed)
 

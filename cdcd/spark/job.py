@@ -1,6 +1,7 @@
 """`cdcd spark run`: a Structured Streaming job from the landing zone into Spark tables.
 
-The stream watches ``LANDING/manifests/``; each micro-batch applies every
+``--once`` applies what is landed (and what lands meanwhile) and exits,
+without a streaming query. Otherwise a stream watches ``LANDING/manifests/``; each micro-batch applies every
 landed batch up to the newest manifest it saw, in batch seq order (seqs may
 have gaps), one landing run at a time. The target's own journal
 (``cdcd.spark.state``) is the commit record: a batch is skipped when the
@@ -150,17 +151,28 @@ def run(
     consumer = Consumer(spark, landing_path, target_path, fmt, buckets)
     try:
         consumer.apply_upto(max(landed_seqs(landing_path), default=0))
+        if once:  # and what landed during that catch-up, as a stream would: no streaming query to start
+            consumer.apply_upto(max(landed_seqs(landing_path), default=0))
     except ForeignZone as exc:  # the arguments point at a zone and a target that do not go together
         log(str(exc))
         return 2
     except Exception as exc:  # a failed batch is reported and retried by the next run
         log(f"failed: {exc}")
         return 1
-    return _stream(spark, consumer, landing_path, checkpoint or str(target_path / "checkpoint"), once)
+    if once:
+        _done(consumer)
+        return 0
+    return _stream(spark, consumer, landing_path, checkpoint or str(target_path / "checkpoint"))
 
 
-def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: str, once: bool) -> int:
-    """Apply new manifests as they appear, until done (``once``) or SIGTERM/SIGINT; the exit code."""
+def _done(consumer: Consumer) -> None:
+    if consumer.applied_seconds > 0:
+        rate = consumer.applied_events / consumer.applied_seconds
+        log(f"done: {consumer.applied_events} events applied ({rate:.1f} events/s)")
+
+
+def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: str) -> int:
+    """Apply new manifests as they appear, until SIGTERM/SIGINT; the exit code."""
     manifests = landing / MANIFESTS
     manifests.mkdir(exist_ok=True)
     stream = (
@@ -171,10 +183,10 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
         .load(str(manifests))
     )
     writer = stream.writeStream.foreachBatch(consumer.on_micro_batch).option("checkpointLocation", checkpoint)
-    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime="1 second")
+    writer = writer.trigger(processingTime="1 second")
     query = writer.start()
     stop = threading.Event()
-    if not once and threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             stop.set()
@@ -196,9 +208,7 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
     if failure is not None and not consumer.stopping:
         log(f"failed: {failure}")
         return 1
-    if consumer.applied_seconds > 0:
-        rate = consumer.applied_events / consumer.applied_seconds
-        log(f"done: {consumer.applied_events} events applied ({rate:.1f} events/s)")
+    _done(consumer)
     return 0
 
 

@@ -15,21 +15,32 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     ByteType,
     DataType,
+    DateType,
     DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
     MapType,
     ShortType,
+    StringType,
     StructField,
     StructType,
+    TimestampNTZType,
+    TimestampType,
 )
 
 from cdcd.landing.reader import LandedFile
@@ -56,6 +67,9 @@ _MIRROR_PROPERTIES = {
                 "write.update.mode": "merge-on-read"},
 }
 _LOG_PROPERTIES = {"delta": {}, "iceberg": {"format-version": "2"}}
+#: Types Delta keeps statistics for (``delta.dataSkippingStatsColumns`` refuses others).
+_DELTA_STATS_TYPES = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DateType, TimestampType,
+                      TimestampNTZType, StringType, DecimalType)
 FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
 
 
@@ -262,7 +276,7 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
     prune = sql.key_range(r.column, p.types[r.column], r.lowest, r.highest, r.nulls) if r is not None else None
     return Statements(
         [sql.create_namespace(ns) for ns in names.namespaces(schema)],
-        ddl(log, log_have, log_want, using, _LOG_PROPERTIES[using], drop=False),
+        ddl(log, log_have, log_want, using, changelog_properties(using, p), drop=False),
         sql.changelog_merge(log, sources[0], p.key, log_want.fieldNames(), *positions),
         sql.append(log, sources[0], log_want.fieldNames()),
         ddl(mirror, mirror_have, mirror_schema(p), using, _MIRROR_PROPERTIES[using], drop=True),
@@ -270,6 +284,17 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
         sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep, prune),
         sql.mirror_insert(mirror, sources[1], p.mirror_columns),
     )
+
+
+def changelog_properties(fmt: str, p: Prepared) -> dict[str, str]:
+    """A new change-log's properties. Delta collects file statistics on the position and the key columns only:
+    the change-log's MERGE prunes on ``_cdc_pos``, and statistics of every other column (Delta's default: the
+    first 32) cost time in every append and are of little use for a log read by position or key."""
+    props = dict(_LOG_PROPERTIES[fmt])
+    if fmt == "delta":
+        stats = ["_cdc_pos", *[k for k in p.key if isinstance(p.types[k], _DELTA_STATS_TYPES)]]
+        props["delta.dataSkippingStatsColumns"] = ",".join(sql.q(c) for c in dict.fromkeys(stats))
+    return props
 
 
 def _union(have: StructType | None, landed: StructType) -> StructType:
@@ -348,7 +373,11 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
     Each statement's commit records the last batch seq it applied (``recorded``), and a
     statement the table already holds is skipped: a batch applied twice, or again after
     a crash between two statements, leaves the tables as they are. The change-log takes
-    a plain append when it holds none of the events yet, else an insert-only MERGE.
+    a plain append when it holds none of the events yet, else an insert-only MERGE. On
+    Delta Lake the append records its batch in its own write options, not in the
+    session, so it runs in a second thread while the mirror's statements run: the two
+    writes share the cores, and one's driver-side work (planning, the Delta commit)
+    overlaps the other's tasks.
     """
     seq = files[-1].seq
     took = timings if timings is not None else {}
@@ -368,35 +397,69 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         with _timed(took, "ddl"):
             log_have = table_schema(spark, names, "changelog", schema, table)
             plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
-            _run(spark, [*plan.namespaces, *plan.changelog_ddl])
-        with _timed(took, "changelog"):
-            held = applied_seq(spark, names, "changelog", schema, table, "changelog")
-            if held < seq:
-                _register(spark, conformed(p.events, _required(spark, names, schema, table)), views[0])
-                # an append unless the table may hold some of these events already: a batch of this
-                # merge (an earlier attempt), or events the daemon landed again after its crash
-                fresh = held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
-                with recorded(spark, names.fmt, "changelog", seq):
-                    _run(spark, [plan.changelog_append if fresh else plan.changelog_merge])
-        with _timed(took, "ddl"):
-            _run(spark, plan.mirror_ddl)
-        with _timed(took, "mirror"):
-            # the truncate comes first: a mirror that records the merge holds it. It is idempotent (rows
-            # below its position) and Delta records it too; Iceberg may drop whole files without a snapshot
-            # summary of ours (a metadata-only delete)
-            if applied_seq(spark, names, "tables", schema, table, "mirror") < seq:
-                if plan.truncate is not None:
-                    with recorded(spark, names.fmt, "truncate", seq):
-                        _run(spark, [plan.truncate])
-                _register(spark, p.mirror, views[1])
-                with recorded(spark, names.fmt, "mirror", seq):
-                    # a mirror this batch created is empty (a retry after a crash finds it created: MERGE)
-                    _run(spark, [plan.mirror_merge if mirror_have is not None else plan.mirror_insert])
+            _run(spark, [*plan.namespaces, *plan.changelog_ddl, *plan.mirror_ddl])
+            # a table created by this merge holds no batch yet: no need to read its log for one
+            log_held = applied_seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
+            mirror_held = applied_seq(spark, names, "tables", schema, table, "mirror") if mirror_have is not None else 0
+            log_schema = (log_have if log_have is not None and not plan.changelog_ddl
+                          else _required(spark, names, schema, table))
+        # an append unless the table may hold some of these events already: a batch of this
+        # merge (an earlier attempt), or events the daemon landed again after its crash
+        fresh = log_held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
+        beside = names.fmt == "delta" and fresh and log_held < seq
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog") as pool:
+            side = pool.submit(_timed_call, took, "changelog", _append_changelog, spark, names, schema, table,
+                               conformed(p.events, log_schema), seq) if beside else None
+            if not beside and log_held < seq:
+                with _timed(took, "changelog"):
+                    _register(spark, conformed(p.events, log_schema), views[0])
+                    with recorded(spark, names.fmt, "changelog", seq):
+                        _run(spark, [plan.changelog_append if fresh else plan.changelog_merge])
+            with _timed(took, "mirror"):
+                # the truncate comes first: a mirror that records the merge holds it. It is idempotent (rows
+                # below its position) and Delta records it too; Iceberg may drop whole files without a snapshot
+                # summary of ours (a metadata-only delete)
+                if mirror_held < seq:
+                    _apply_mirror(spark, names, schema, table, p, plan, views[1], seq, created=mirror_have is None)
+            if side is not None:
+                side.result()  # the change-log's failure, if any, fails the merge
         for v in views:
             spark.catalog.dropTempView(v)
         return state, p.facts.events
     finally:
         release(p)
+
+
+def _apply_mirror(spark: SparkSession, names: Names, schema: str, table: str, p: Prepared, plan: Statements,
+                  view: str, seq: int, created: bool) -> None:
+    if plan.truncate is not None:
+        with recorded(spark, names.fmt, "truncate", seq):
+            _run(spark, [plan.truncate])
+    if created and names.fmt == "delta":  # a mirror this merge created is empty: an append (no join)
+        rows = p.mirror.filter(~F.col(sql.DELETE_FLAG)).select(*[F.col(c) for c in p.mirror_columns])
+        _delta_append(rows, names.location("tables", schema, table), "mirror", seq)
+        return
+    _register(spark, p.mirror, view)
+    with recorded(spark, names.fmt, "mirror", seq):
+        # a retry after a crash finds the mirror created (not empty, perhaps): MERGE
+        _run(spark, [plan.mirror_insert if created else plan.mirror_merge])
+
+
+def _append_changelog(spark: SparkSession, names: Names, schema: str, table: str, events: DataFrame,
+                      seq: int) -> None:
+    _delta_append(events, names.location("changelog", schema, table), "changelog", seq)
+
+
+def _delta_append(df: DataFrame, location: Path, step: str, seq: int) -> None:
+    """Append ``df`` to a Delta table, the commit recording ``seq`` as ``recorded`` does, but in the write's own
+    options (Delta prefers them to the session's): a statement running beside it may set the session's."""
+    (df.write.format("delta").mode("append").option("txnAppId", f"cdcd-{step}").option("txnVersion", str(seq))
+     .save(location.as_uri()))
+
+
+def _timed_call(timings: dict[str, float], name: str, fn: Callable[..., None], *args: Any) -> None:
+    with _timed(timings, name):
+        fn(*args)
 
 
 def _required(spark: SparkSession, names: Names, schema: str, table: str) -> StructType:

@@ -36,14 +36,23 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+#: JVM flags of a local session (``CDCD_SPARK_JAVA_OPTIONS`` replaces them; docs/spark.md, performance).
+#: C1 only: a merge runs a wide variety of code (planning, Delta's log, code generated per statement) a few
+#: times, and the C2 compiler spent more CPU compiling it than its code saved (a third of the JVM's CPU in a
+#: one-shot run of a million events). The parallel collector: less CPU than G1 on two cores.
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+
+
 def large_row_settings() -> dict[str, str]:
     """Local-session settings that let one row hold a value of tens of MB (docs/spark.md, memory).
 
     The JVM heap is fixed when the local session starts: ``CDCD_SPARK_DRIVER_MEMORY`` (default 2g,
     Spark's own default of 1g runs out on a 51 MB value). Under spark-submit, pass them as --conf.
+    The JVM's flags too (``CDCD_SPARK_JAVA_OPTIONS``, default ``JAVA_OPTIONS``).
     """
     return {"spark.driver.memory": os.environ.get("CDCD_SPARK_DRIVER_MEMORY", "2g"),
-            "spark.kryoserializer.buffer.max": "1g"}
+            "spark.kryoserializer.buffer.max": "1g",
+            "spark.driver.extraJavaOptions": os.environ.get("CDCD_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)}
 
 
 def _submitted_session(fmt: str) -> None:
@@ -80,6 +89,10 @@ def session(fmt: str = "parquet") -> SparkSession:
     # the mirror must read back with pyarrow: no INT96, instants in UTC
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    # Parquet writes: a column's values are dictionary-encoded until the dictionary reaches this size, then
+    # re-encoded plain. Positions, keys and most text values are unique: Parquet's default of 1 MB spent a
+    # tenth of a merge's CPU building dictionaries it then dropped; columns of few values keep theirs
+    spark.conf.set("parquet.dictionary.page.size", "65536")
     # a merge reads one landed file per batch: list them on the driver instead of in a Spark job
     spark.conf.set("spark.sql.sources.parallelPartitionDiscovery.threshold", "1000000")
     return spark

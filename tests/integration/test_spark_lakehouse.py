@@ -313,3 +313,41 @@ async def test_cli_without_the_jars_exits_2(tmp_path: Path, fmt: str, package: s
     assert done.returncode == 2, done.stderr[-2000:]
     assert "is not on Spark's classpath" in done.stderr and package in done.stderr
     assert not target.exists()  # nothing was written
+
+
+async def test_facts_from_the_landed_files_are_the_spark_aggregates(spark: SparkSession, tmp_path: Path) -> None:
+    """The driver's pyarrow facts (``facts.landed_facts``) decide the statements: they must be what the Spark
+    aggregate gives, for every kind of batch (key changes, unavailable columns, truncates, NULL and repeated
+    keys, two schema versions, a watermark inside the files)."""
+    from cdcd.spark.collapse import new_events, spark_facts, table_layout
+    from cdcd.spark.facts import landed_facts
+
+    keyless = test_spark_consumer.TableSchema(test_spark_consumer.TableId("public", "bag"),
+                                              (test_spark_consumer.Column("v", test_spark_consumer.pa.string(), "text"),
+                                               test_spark_consumer.Column("n", test_spark_consumer.pa.int32(), "int")),
+                                              ())
+    landing = tmp_path / "landing"
+    batches = test_spark_consumer.history()
+    batches.append([ev(Op.CREATE, 600, 1, after=small(7)), ev(Op.CREATE, 600, 2, after=small(7)),  # 7 twice
+                    ev(Op.CREATE, 600, 3, schema=keyless, after={"v": "a", "n": 1}),
+                    ev(Op.CREATE, 600, 4, schema=keyless, after={"v": None, "n": 2})])
+    batches.append([ev(Op.CREATE, 700, 1, after=small(8)), ev(Op.CREATE, 700, 2, after=small(9)),
+                    ev(Op.DELETE, 700, 3, before={"id": 8})])
+    seqs = list(range(1, len(batches) + 1))
+    await land(landing, batches, seqs)
+    cases: list[tuple[list[int], tuple[str, str], str]] = [
+        (seqs, ORDERS, ""), (seqs, ORDERS, pos(300, 2)), (seqs[:3], ORDERS, ""), (seqs[:2], ORDERS, ""),
+        (seqs[2:4], ("public", "log"), ""), (seqs[:2], ("public", "log"), ""), ([6], ORDERS, ""), ([7], ORDERS, ""),
+        ([6], ("public", "bag"), ""),
+    ]
+    seen_unique = set()
+    for chosen, table, watermark in cases:
+        segment = [(s, read_batch(landing, s, verify=False).manifest) for s in chosen]
+        files = table_files(landing, segment)[table]
+        _, key = table_layout(files)
+        events = new_events(spark, files, watermark)
+        mine = landed_facts(files, key, watermark, {f.name: f.dataType for f in events.schema.fields})
+        assert mine is not None, (chosen, table)
+        assert mine == spark_facts(events, key), (chosen, table, watermark)
+        seen_unique.add(mine.unique)
+    assert seen_unique == {True, False}  # both outcomes of the uniqueness count are compared
