@@ -168,6 +168,39 @@ class Tls:
                 raise
             raise tls_exc from exc
 
+    def for_mysqlclient(self, encrypted: bool) -> ClientTls | str:
+        """mysqlclient keywords for a connection that joins one this policy opened, never weaker than it;
+        ``encrypted``: whether that one runs TLS (prefer decides at the greeting). A str says why no
+        mapping can promise that (the caller keeps the aiomysql connection then).
+
+        libmariadb (Connector/C 3.3) verifies the chain whenever it has a CA, and its
+        MYSQL_OPT_SSL_VERIFY_SERVER_CERT (mysqlclient's VERIFY_CA and VERIFY_IDENTITY alike) also checks
+        the host name: verify-ca and require with sslrootcert map to REQUIRED with the CA, verify-full to
+        VERIFY_IDENTITY with the CA (test_mysql_snapshot_bulk_tls.py pins each against a real server).
+        """
+        if self.host == "localhost":  # libmariadb takes 'localhost' for its Unix socket: another path
+            return "source.host = 'localhost' makes libmariadb connect through the Unix socket"
+        if not encrypted:
+            if self.required:  # cannot happen: the connection it joins would have failed
+                raise self.no_tls_offered()
+            return ClientTls({"ssl_mode": "DISABLED"}, False, self)
+        assert self.context is not None  # encrypted
+        if self.context.verify_mode == ssl.CERT_NONE:
+            return ClientTls({"ssl_mode": "REQUIRED"}, True, self)
+        cas: dict[str, str] = {}
+        if self.sslrootcert is not None:
+            cas["ca"] = str(self.sslrootcert)
+        else:  # the system CAs, where OpenSSL (and so Python's default context) finds them
+            paths = ssl.get_default_verify_paths()
+            if paths.cafile is not None and Path(paths.cafile).is_file():
+                cas["ca"] = paths.cafile
+            if paths.capath is not None and Path(paths.capath).is_dir():
+                cas["capath"] = paths.capath
+            if not cas:
+                return "source.sslrootcert is not set and OpenSSL's default CA locations do not exist"
+        mode = "VERIFY_IDENTITY" if self.context.check_hostname else "REQUIRED"
+        return ClientTls({"ssl_mode": mode, "ssl": cas}, True, self)
+
     def start_tls(self, server_capabilities: int) -> bool:
         """Whether to start TLS, given the server's capabilities; raises when it must but cannot."""
         if self.context is None:
@@ -177,6 +210,28 @@ class Tls:
         if self.required:
             raise self.no_tls_offered()
         return False
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """A mysqlclient connection's TLS: its connect keywords, whether it must be encrypted, the policy."""
+
+    options: dict[str, Any]
+    encrypted: bool
+    policy: Tls
+
+    def failed(self, detail: str) -> TlsError:
+        """The error for a refused TLS handshake (libmariadb's message ``detail``)."""
+        p = self.policy
+        trusted = f"source.sslrootcert = '{p.sslrootcert}'" if p.sslrootcert is not None \
+            else "the system CAs (source.sslrootcert is not set)"
+        checked = "" if p.context is None or p.context.verify_mode == ssl.CERT_NONE else f"; checked against {trusted}"
+        return TlsError(
+            f"the snapshot's bulk reader (mysqlclient) could not set up TLS with the server at {p.where} with "
+            f"source.sslmode = '{p.sslmode}' ({detail}{checked})",
+            "set source.sslrootcert to the PEM file of the CA that signed the server's certificate (MariaDB: its "
+            "ssl_ca), and with verify-full source.host to a name the certificate lists",
+        )
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
