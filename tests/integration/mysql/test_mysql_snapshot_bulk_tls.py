@@ -171,6 +171,22 @@ def test_host_name_checked_for_verify_full_only(tls_server: MariaDBServer, certs
         execute(tls_server, "mysql", flush)
 
 
+@pytest.mark.parametrize("mode", ["verify-ca", "verify-full"])
+def test_system_cas_without_sslrootcert(mode: str, tls_server: MariaDBServer, certs: Certs,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without sslrootcert both connections trust OpenSSL's default CAs (here SSL_CERT_FILE): the same set."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
+    conn = _bulk(tls_server, Tls.build(mode, None, "127.0.0.1", tls_server.port))
+    conn.open()
+    try:
+        assert conn.cipher
+    finally:
+        conn.close()
+    monkeypatch.setenv("SSL_CERT_FILE", str(certs.other_ca))
+    with pytest.raises(TlsError, match=r"checked against the system CAs \(source.sslrootcert is not set\)"):
+        _bulk(tls_server, Tls.build(mode, None, "127.0.0.1", tls_server.port)).open()
+
+
 async def test_localhost_keeps_the_aiomysql_reader_said_once(
         maria_server: MariaDBServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """libmariadb takes 'localhost' for its Unix socket (another path, maybe another server): the aiomysql
