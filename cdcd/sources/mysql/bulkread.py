@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -80,10 +82,11 @@ class BulkConnection:
         limit = max(1, round(self._read_timeout_s))
         tls = self._tls.options if self._tls is not None else {"ssl_mode": "DISABLED"}
         try:
-            self._conn = MySQLdb.connect(
-                host=s["host"], port=int(s["port"]), user=s["user"], password=s.get("password") or "",
-                charset="utf8mb4", connect_timeout=int(s.get("connect_timeout", 10)), read_timeout=limit,
-                write_timeout=limit, conv={}, autocommit=True, **tls)
+            with _pin_file(self._tls.fingerprint if self._tls is not None else None) as pin:
+                self._conn = MySQLdb.connect(
+                    host=s["host"], port=int(s["port"]), user=s["user"], password=s.get("password") or "",
+                    charset="utf8mb4", connect_timeout=int(s.get("connect_timeout", 10)), read_timeout=limit,
+                    write_timeout=limit, conv={}, autocommit=True, **tls, **pin)
             cur = self._conn.cursor()
             cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
             cipher = _text((cur.fetchone() or (None, None))[1]) or ""
@@ -93,6 +96,10 @@ class BulkConnection:
         except MySQLdb.Error as exc:
             self.close()
             code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+            if code == _SSL_CONNECTION_ERROR and self._tls is not None and "Fingerprint" in str(exc):
+                raise SourceError(f"the snapshot's bulk reader reached a server at {self.where} whose TLS "
+                                  "certificate is not the one the snapshot connection verified (replaced in "
+                                  f"between, or an interception): {exc}; reconnecting") from exc
             if code == _SSL_CONNECTION_ERROR and self._tls is not None:
                 raise self._tls.failed(str(exc.args[1] if len(exc.args) > 1 else exc)) from exc
             raise SourceError(f"cannot connect the snapshot's bulk reader to {self.where}: {exc}") from exc
@@ -156,6 +163,22 @@ class BulkConnection:
         if conn is not None:
             with contextlib.suppress(Exception):  # closing a broken connection: nothing left to save
                 conn.close()
+
+
+@contextlib.contextmanager
+def _pin_file(fingerprint: str | None) -> Iterator[dict[str, str]]:
+    """libmariadb's certificate pin (``ssl-fp``, which mysqlclient has no keyword for) as an option file
+    for ``MySQLdb.connect``'s ``read_default_file``; removed once connected."""
+    if fingerprint is None:
+        yield {}
+        return
+    fd, path = tempfile.mkstemp(prefix="cdcd-bulk-tls-", suffix=".cnf")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[client]\nssl-fp={fingerprint}\n")
+        yield {"read_default_file": path}
+    finally:
+        os.unlink(path)
 
 
 def _text(v: Any) -> Any:

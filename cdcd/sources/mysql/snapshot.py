@@ -262,7 +262,10 @@ class Snapshotter:
                                                               self.settings["port"])
         rows = await _execute(self._conns[0], "SHOW SESSION STATUS LIKE 'Ssl_cipher'")
         encrypted = bool(rows and rows[0][1])
-        mapped = tls.for_mysqlclient(encrypted)
+        transport = getattr(getattr(self._conns[0], "_writer", None), "transport", None)
+        tls_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        peer_cert = tls_object.getpeercert(binary_form=True) if tls_object is not None else None
+        mapped = tls.for_mysqlclient(encrypted, peer_cert)
         if isinstance(mapped, str):
             if mapped not in _told:
                 _told.add(mapped)

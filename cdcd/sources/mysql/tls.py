@@ -18,6 +18,7 @@ with an error that says what to do (the other modes).
 
 from __future__ import annotations
 
+import hashlib
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,15 +169,18 @@ class Tls:
                 raise
             raise tls_exc from exc
 
-    def for_mysqlclient(self, encrypted: bool) -> ClientTls | str:
+    def for_mysqlclient(self, encrypted: bool, peer_cert: bytes | None = None) -> ClientTls | str:
         """mysqlclient keywords for a connection that joins one this policy opened, never weaker than it;
-        ``encrypted``: whether that one runs TLS (prefer decides at the greeting). A str says why no
-        mapping can promise that (the caller keeps the aiomysql connection then).
+        ``encrypted``: whether that one runs TLS (prefer decides at the greeting); ``peer_cert``: the DER
+        certificate it verified. A str says why no mapping can promise that (the caller keeps the
+        aiomysql connection then).
 
         libmariadb (Connector/C 3.3) verifies the chain whenever it has a CA, and its
         MYSQL_OPT_SSL_VERIFY_SERVER_CERT (mysqlclient's VERIFY_CA and VERIFY_IDENTITY alike) also checks
         the host name: verify-ca and require with sslrootcert map to REQUIRED with the CA, verify-full to
         VERIFY_IDENTITY with the CA (test_mysql_snapshot_bulk_tls.py pins each against a real server).
+        Its host name check is looser than Python's (partial wildcards, the CN for an IP address), so
+        verify-full also pins the certificate the joined connection verified (libmariadb's ssl-fp).
         """
         if self.host == "localhost":  # libmariadb takes 'localhost' for its Unix socket: another path
             return "source.host = 'localhost' makes libmariadb connect through the Unix socket"
@@ -198,8 +202,12 @@ class Tls:
                 cas["capath"] = paths.capath
             if not cas:
                 return "source.sslrootcert is not set and OpenSSL's default CA locations do not exist"
-        mode = "VERIFY_IDENTITY" if self.context.check_hostname else "REQUIRED"
-        return ClientTls({"ssl_mode": mode, "ssl": cas}, True, self)
+        if not self.context.check_hostname:
+            return ClientTls({"ssl_mode": "REQUIRED", "ssl": cas}, True, self)
+        if peer_cert is None:
+            return "the certificate the snapshot connection verified is not available to pin"
+        return ClientTls({"ssl_mode": "VERIFY_IDENTITY", "ssl": cas}, True, self,
+                         hashlib.sha1(peer_cert).hexdigest())  # libmariadb 3.3 pins SHA-1 only
 
     def start_tls(self, server_capabilities: int) -> bool:
         """Whether to start TLS, given the server's capabilities; raises when it must but cannot."""
@@ -219,6 +227,7 @@ class ClientTls:
     options: dict[str, Any]
     encrypted: bool
     policy: Tls
+    fingerprint: str | None = None  # SHA-1 of the certificate the joined connection verified (verify-full)
 
     def failed(self, detail: str) -> TlsError:
         """The error for a refused TLS handshake (libmariadb's message ``detail``)."""

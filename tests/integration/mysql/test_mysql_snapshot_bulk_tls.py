@@ -8,7 +8,9 @@ CA, the host name checked for verify-full only. Values are compared with the aio
 from __future__ import annotations
 
 import shutil
+import ssl
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -17,10 +19,11 @@ import structlog
 from my_helpers import execute, my_config
 from source_driver import SourceDriver
 from test_mysql_snapshot_bulk import EXTRA, _rows, _same
-from test_mysql_tls import Certs, make_certs
+from test_mysql_tls import Certs, _openssl, make_certs
 
 from cdcd.config import Config
 from cdcd.devservers import MariaDBServer
+from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind
 from cdcd.sources.mysql import MySqlSource, bulkread
 from cdcd.sources.mysql import snapshot as mysql_snapshot
@@ -128,9 +131,14 @@ async def test_prefer_against_a_plain_server_reads_in_bulk_unencrypted(
     assert [(e["reader"], e["tls"]) for e in _readers(logs)] == [("bulk", False)]
 
 
-def _bulk(server: MariaDBServer, tls: Tls) -> bulkread.BulkConnection:
-    mapped = tls.for_mysqlclient(True)
-    assert isinstance(mapped, ClientTls)
+def _der(crt: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(crt.read_text())
+
+
+def _bulk(server: MariaDBServer, tls: Tls, verified: Path | None = None) -> bulkread.BulkConnection:
+    """A bulk connection joining one that verified the certificate ``verified`` (verify-full pins it)."""
+    mapped = tls.for_mysqlclient(True, _der(verified) if verified is not None else None)
+    assert isinstance(mapped, ClientTls), mapped
     return bulkread.BulkConnection({"host": tls.host, "port": server.port, "user": "cdc", "password": "secret",
                                     "connect_timeout": 5}, 10.0, mapped)
 
@@ -138,7 +146,7 @@ def _bulk(server: MariaDBServer, tls: Tls) -> bulkread.BulkConnection:
 @pytest.mark.parametrize("mode", ["require", "verify-ca", "verify-full"])
 def test_wrong_ca_fails_naming_the_server_and_the_ca_file(mode: str, tls_server: MariaDBServer,
                                                           certs: Certs) -> None:
-    conn = _bulk(tls_server, Tls.build(mode, certs.other_ca, "127.0.0.1", tls_server.port))
+    conn = _bulk(tls_server, Tls.build(mode, certs.other_ca, "127.0.0.1", tls_server.port), certs.server_crt)
     with pytest.raises(TlsError) as info:
         conn.open()
     msg = str(info.value)
@@ -150,10 +158,7 @@ def test_host_name_checked_for_verify_full_only(tls_server: MariaDBServer, certs
     """A certificate from the right CA for another name: verify-ca and require (with the CA) accept it, as the
     aiomysql connections do; verify-full refuses it; without a CA, require does not look at it."""
     saved = certs.server_crt.read_bytes(), certs.server_key.read_bytes()
-    flush = "FLUSH SSL"
-    shutil.copy(certs.elsewhere_crt, certs.server_crt)
-    shutil.copy(certs.elsewhere_key, certs.server_key)
-    execute(tls_server, "mysql", flush)
+    _serve(tls_server, certs, certs.elsewhere_crt.read_bytes(), certs.elsewhere_key.read_bytes())
     try:
         for mode, root in (("verify-ca", certs.ca), ("require", certs.ca), ("require", None), ("prefer", None)):
             conn = _bulk(tls_server, Tls.build(mode, root, "127.0.0.1", tls_server.port))
@@ -162,13 +167,48 @@ def test_host_name_checked_for_verify_full_only(tls_server: MariaDBServer, certs
                 assert conn.cipher, mode
             finally:
                 conn.close()
-        conn = _bulk(tls_server, Tls.build("verify-full", certs.ca, "127.0.0.1", tls_server.port))
+        # even pinned to the very certificate it is shown, the name must match
+        conn = _bulk(tls_server, Tls.build("verify-full", certs.ca, "127.0.0.1", tls_server.port),
+                     certs.elsewhere_crt)
         with pytest.raises(TlsError, match=r"bulk reader .* source.sslmode = 'verify-full'"):
             conn.open()
     finally:
-        certs.server_crt.write_bytes(saved[0])
-        certs.server_key.write_bytes(saved[1])
-        execute(tls_server, "mysql", flush)
+        _serve(tls_server, certs, *saved)
+
+
+def _serve(server: MariaDBServer, certs: Certs, crt: bytes, key: bytes) -> None:
+    certs.server_crt.write_bytes(crt)
+    certs.server_key.write_bytes(key)
+    execute(server, "mysql", "FLUSH SSL")
+
+
+def test_verify_full_pins_the_verified_certificate(tls_server: MariaDBServer, certs: Certs) -> None:
+    """A certificate from the right CA that libmariadb's own name check takes for 127.0.0.1 (no
+    subjectAltName, CN=127.0.0.1; Python refuses it) but not the one the snapshot connection verified: the
+    bulk connection refuses it, and says so as a retryable error (a replaced certificate reconnects)."""
+    saved = certs.server_crt.read_bytes(), certs.server_key.read_bytes()
+    d = certs.dir
+    (d / "nosan.ext").write_text("basicConstraints = CA:FALSE\n")
+    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj",
+             "/CN=127.0.0.1", "-keyout", str(d / "nosan.key"), "-out", str(d / "nosan.csr"))
+    _openssl("x509", "-req", "-in", str(d / "nosan.csr"), "-CA", str(certs.ca), "-CAkey", str(d / "ca.key"),
+             "-CAcreateserial", "-days", "2", "-extfile", str(d / "nosan.ext"), "-out", str(d / "nosan.crt"))
+    verified = d / "verified.crt"
+    verified.write_bytes(saved[0])
+    _serve(tls_server, certs, (d / "nosan.crt").read_bytes(), (d / "nosan.key").read_bytes())
+    try:
+        conn = _bulk(tls_server, Tls.build("verify-full", certs.ca, "127.0.0.1", tls_server.port), verified)
+        with pytest.raises(SourceError, match="not the one the snapshot connection verified") as info:
+            conn.open()
+        assert not isinstance(info.value, SourceFatal)
+    finally:
+        _serve(tls_server, certs, *saved)
+    conn = _bulk(tls_server, Tls.build("verify-full", certs.ca, "127.0.0.1", tls_server.port), verified)
+    conn.open()  # the verified certificate is back
+    try:
+        assert conn.cipher
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("mode", ["verify-ca", "verify-full"])
@@ -176,7 +216,7 @@ def test_system_cas_without_sslrootcert(mode: str, tls_server: MariaDBServer, ce
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Without sslrootcert both connections trust OpenSSL's default CAs (here SSL_CERT_FILE): the same set."""
     monkeypatch.setenv("SSL_CERT_FILE", str(certs.ca))
-    conn = _bulk(tls_server, Tls.build(mode, None, "127.0.0.1", tls_server.port))
+    conn = _bulk(tls_server, Tls.build(mode, None, "127.0.0.1", tls_server.port), certs.server_crt)
     conn.open()
     try:
         assert conn.cipher
@@ -184,7 +224,7 @@ def test_system_cas_without_sslrootcert(mode: str, tls_server: MariaDBServer, ce
         conn.close()
     monkeypatch.setenv("SSL_CERT_FILE", str(certs.other_ca))
     with pytest.raises(TlsError, match=r"checked against the system CAs \(source.sslrootcert is not set\)"):
-        _bulk(tls_server, Tls.build(mode, None, "127.0.0.1", tls_server.port)).open()
+        _bulk(tls_server, Tls.build(mode, None, "127.0.0.1", tls_server.port), certs.server_crt).open()
 
 
 async def test_localhost_keeps_the_aiomysql_reader_said_once(
