@@ -16,16 +16,19 @@ both readers land the same values, warnings and resume keys (the differential te
 The connection joins the worker's consistent snapshot (``snapshot.begin_consistent`` starts it on
 both and checks MariaDB's snapshot position), keeps the session settings of ``open_connection``
 (UTC, REPEATABLE READ) and the limits: connect timeout, and ``read_timeout``/``write_timeout`` of
-``runtime.source_read_timeout_s`` on every read of the result. TLS: used with ``source.sslmode =
-disable`` only; the other modes keep the aiomysql reader, whose TLS handling (``tls.py``) decides at
-the server's greeting.
+``runtime.source_read_timeout_s`` on every read of the result. TLS: the aiomysql
+connection it joins has already decided at the server's greeting (``tls.py``); ``Tls.for_mysqlclient``
+turns that decision into mysqlclient's options (TLS on exactly when it is on there, the same CA and host
+name check), and ``open`` checks the session really is encrypted (``Ssl_cipher``) before any read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -36,9 +39,12 @@ from pymysql.constants import FIELD_TYPE
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import TableSchema
 from cdcd.sources.mysql.failures import FATAL_CODES
+from cdcd.sources.mysql.tls import ClientTls
 from cdcd.sources.mysql.types import Converter
 
 #: Field types PyMySQL keeps as bytes when their charset is binary (else decodes with the connection's).
+_SSL_CONNECTION_ERROR = 2026  # CR_SSL_CONNECTION_ERROR: the handshake or the certificate check failed
+
 _TEXT_TYPES = {FIELD_TYPE.BIT, FIELD_TYPE.BLOB, FIELD_TYPE.LONG_BLOB, FIELD_TYPE.MEDIUM_BLOB, FIELD_TYPE.STRING,
                FIELD_TYPE.TINY_BLOB, FIELD_TYPE.VAR_STRING, FIELD_TYPE.VARCHAR, FIELD_TYPE.GEOMETRY}
 
@@ -52,19 +58,18 @@ def available() -> bool:
     return True
 
 
-def usable(sslmode: str) -> bool:
-    """The bulk reader serves this source (mysqlclient installed, a TLS mode it takes over unchanged)."""
-    return sslmode == "disable" and available()
-
-
 class BulkConnection:
-    """One worker's mysqlclient connection. Blocking: call it from a thread, one call at a time."""
+    """One worker's mysqlclient connection. Blocking: call it from a thread, one call at a time.
 
-    def __init__(self, settings: dict[str, Any], read_timeout_s: float) -> None:
+    ``tls``: the TLS of the connection it joins, as mysqlclient options (None: plain TCP)."""
+
+    def __init__(self, settings: dict[str, Any], read_timeout_s: float, tls: ClientTls | None = None) -> None:
         self._settings = settings
         self._read_timeout_s = read_timeout_s
+        self._tls = tls
         self._conn: Any = None
         self._cursor: Any = None
+        self.cipher = ""  # the session's TLS cipher once open ('' when plain)
 
     @property
     def where(self) -> str:
@@ -75,18 +80,33 @@ class BulkConnection:
 
         s = self._settings
         limit = max(1, round(self._read_timeout_s))
+        tls = self._tls.options if self._tls is not None else {"ssl_mode": "DISABLED"}
         try:
-            self._conn = MySQLdb.connect(
-                host=s["host"], port=int(s["port"]), user=s["user"], password=s.get("password") or "",
-                charset="utf8mb4", connect_timeout=int(s.get("connect_timeout", 10)), read_timeout=limit,
-                write_timeout=limit, conv={}, autocommit=True)
+            with _pin_file(self._tls.fingerprint if self._tls is not None else None) as pin:
+                self._conn = MySQLdb.connect(
+                    host=s["host"], port=int(s["port"]), user=s["user"], password=s.get("password") or "",
+                    charset="utf8mb4", connect_timeout=int(s.get("connect_timeout", 10)), read_timeout=limit,
+                    write_timeout=limit, conv={}, autocommit=True, **tls, **pin)
             cur = self._conn.cursor()
+            cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+            cipher = _text((cur.fetchone() or (None, None))[1]) or ""
             cur.execute("SET SESSION time_zone = '+00:00'")
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.close()
         except MySQLdb.Error as exc:
             self.close()
+            code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+            if code == _SSL_CONNECTION_ERROR and self._tls is not None and "Fingerprint" in str(exc):
+                raise SourceError(f"the snapshot's bulk reader reached a server at {self.where} whose TLS "
+                                  "certificate is not the one the snapshot connection verified (replaced in "
+                                  f"between, or an interception): {exc}; reconnecting") from exc
+            if code == _SSL_CONNECTION_ERROR and self._tls is not None:
+                raise self._tls.failed(str(exc.args[1] if len(exc.args) > 1 else exc)) from exc
             raise SourceError(f"cannot connect the snapshot's bulk reader to {self.where}: {exc}") from exc
+        if self._tls is not None and self._tls.encrypted and not cipher:
+            self.close()  # never read over a weaker connection than the one it joins
+            raise self._tls.failed("the session is not encrypted (Ssl_cipher is empty)")
+        self.cipher = cipher
 
     def execute(self, sql: str) -> list[tuple[Any, ...]]:
         """A statement on the connection (the snapshot's BEGIN, status, COMMIT); its rows."""
@@ -143,6 +163,22 @@ class BulkConnection:
         if conn is not None:
             with contextlib.suppress(Exception):  # closing a broken connection: nothing left to save
                 conn.close()
+
+
+@contextlib.contextmanager
+def _pin_file(fingerprint: str | None) -> Iterator[dict[str, str]]:
+    """libmariadb's certificate pin (``ssl-fp``, which mysqlclient has no keyword for) as an option file
+    for ``MySQLdb.connect``'s ``read_default_file``; removed once connected."""
+    if fingerprint is None:
+        yield {}
+        return
+    fd, path = tempfile.mkstemp(prefix="cdcd-bulk-tls-", suffix=".cnf")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(f"[client]\nssl-fp={fingerprint}\n")
+        yield {"read_default_file": path}
+    finally:
+        os.unlink(path)
 
 
 def _text(v: Any) -> Any:

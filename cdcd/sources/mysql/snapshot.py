@@ -34,6 +34,7 @@ from typing import Any
 
 import aiomysql
 import pyarrow as pa
+import structlog
 
 from cdcd.errors import SourceFatal
 from cdcd.events import Column, Item, Mark, MarkKind, RowBlock, TableId, TableSchema
@@ -42,7 +43,7 @@ from cdcd.sources.mysql import bulkread
 from cdcd.sources.mysql.connection import open_connection as open_connection
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
-from cdcd.sources.mysql.tls import Tls
+from cdcd.sources.mysql.tls import ClientTls, Tls
 from cdcd.sources.mysql.types import (
     UNKNOWN_TYPE,
     ZERO_DATE,
@@ -59,6 +60,9 @@ from cdcd.sources.mysql.types import (
     to_query_param,
     warn_once,
 )
+
+log = structlog.get_logger("cdcd.source.mysql")
+_told: set[str] = set()  # why the bulk reader is off, each said once per process
 
 SAME_POSITION_ATTEMPTS = 8
 #: Default bytes per snapshot RowBlock (``snapshot.chunk_bytes``).
@@ -205,9 +209,11 @@ class Snapshotter:
     def __init__(self, settings: dict[str, Any], flavor: str, parallelism: int, chunk_rows: int,
                  history: SchemaHistory, queue_chunks: int = 8, tls: Tls | None = None,
                  read_timeout_s: float = 300.0, chunk_bytes: int = CHUNK_BYTES, bulk: bool | None = None) -> None:
-        """``bulk``: read through mysqlclient (``bulkread.py``); None: when it is installed and TLS allows."""
+        """``bulk``: read through mysqlclient (``bulkread.py``); None: when it is installed. Either way only
+        when its connections can be as safe as the aiomysql ones (``Tls.for_mysqlclient``)."""
         self.settings = settings
-        self.bulk = bulkread.usable(tls.sslmode if tls is not None else "disable") if bulk is None else bulk
+        self.bulk = bulkread.available() if bulk is None else bulk
+        self.reader = "aiomysql"  # the reader that runs, once open: "bulk" or "aiomysql"
         self._bulks: dict[int, bulkread.BulkConnection] = {}  # id(aiomysql connection) -> its bulk connection
         self.read_timeout_s = read_timeout_s  # each query, each chunk included, ends within this
         self.tls = tls
@@ -226,11 +232,13 @@ class Snapshotter:
         try:
             async with asyncio.timeout(self.read_timeout_s):
                 self._conns = [await open_connection(self.settings, self.tls) for _ in range(self.parallelism)]
-                if self.bulk:
+                client_tls = await self._bulk_tls() if self.bulk else None
+                if client_tls is not None:
                     for _ in self._conns:
-                        bulks.append(bulkread.BulkConnection(self.settings, self.read_timeout_s))
+                        bulks.append(bulkread.BulkConnection(self.settings, self.read_timeout_s, client_tls))
                         await asyncio.to_thread(bulks[-1].open)
-                wm, shared = await begin_consistent(self._conns, self.flavor, bulks if self.bulk else None)
+                wm, shared = await begin_consistent(self._conns, self.flavor,
+                                                    bulks if client_tls is not None else None)
         except Exception as exc:
             for b in bulks:
                 b.close()
@@ -241,7 +249,30 @@ class Snapshotter:
             b.close()
         self._conns = self._conns[:shared]
         self._bulks = {id(c): b for c, b in zip(self._conns, bulks, strict=False)}
+        self.reader = "bulk" if self._bulks else "aiomysql"
+        log.info("mysql.snapshot.reader", reader=self.reader, where=self._where,
+                 sslmode=self.tls.sslmode if self.tls is not None else "disable",
+                 tls=bool(self._bulks) and all(b.cipher for b in self._bulks.values()))
         return wm
+
+    async def _bulk_tls(self) -> ClientTls | None:
+        """The bulk connections' TLS, from what the first snapshot connection negotiated; None (the
+        aiomysql reader) when mysqlclient cannot be made as safe (said once per reason)."""
+        tls = self.tls if self.tls is not None else Tls.build("disable", None, self.settings["host"],
+                                                              self.settings["port"])
+        rows = await _execute(self._conns[0], "SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        encrypted = bool(rows and rows[0][1])
+        transport = getattr(getattr(self._conns[0], "_writer", None), "transport", None)
+        tls_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        peer_cert = tls_object.getpeercert(binary_form=True) if tls_object is not None else None
+        mapped = tls.for_mysqlclient(encrypted, peer_cert)
+        if isinstance(mapped, str):
+            if mapped not in _told:
+                _told.add(mapped)
+                log.warning("mysql.snapshot.bulk_reader_off", where=self._where, sslmode=tls.sslmode, reason=mapped,
+                            detail="the snapshot reads through aiomysql (slower) for this source")
+            return None
+        return mapped
 
     async def run(self, tasks: list[SnapshotTask], at: MySqlPosition) -> AsyncIterator[list[Item]]:
         """Chunks of items for every task, all at position ``at`` (the original watermark)."""

@@ -18,6 +18,7 @@ with an error that says what to do (the other modes).
 
 from __future__ import annotations
 
+import hashlib
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -168,6 +169,46 @@ class Tls:
                 raise
             raise tls_exc from exc
 
+    def for_mysqlclient(self, encrypted: bool, peer_cert: bytes | None = None) -> ClientTls | str:
+        """mysqlclient keywords for a connection that joins one this policy opened, never weaker than it;
+        ``encrypted``: whether that one runs TLS (prefer decides at the greeting); ``peer_cert``: the DER
+        certificate it verified. A str says why no mapping can promise that (the caller keeps the
+        aiomysql connection then).
+
+        libmariadb (Connector/C 3.3) verifies the chain whenever it has a CA, and its
+        MYSQL_OPT_SSL_VERIFY_SERVER_CERT (mysqlclient's VERIFY_CA and VERIFY_IDENTITY alike) also checks
+        the host name: verify-ca and require with sslrootcert map to REQUIRED with the CA, verify-full to
+        VERIFY_IDENTITY with the CA (test_mysql_snapshot_bulk_tls.py pins each against a real server).
+        Its host name check is looser than Python's (partial wildcards, the CN for an IP address), so
+        verify-full also pins the certificate the joined connection verified (libmariadb's ssl-fp).
+        """
+        if self.host == "localhost":  # libmariadb takes 'localhost' for its Unix socket: another path
+            return "source.host = 'localhost' makes libmariadb connect through the Unix socket"
+        if not encrypted:
+            if self.required:  # cannot happen: the connection it joins would have failed
+                raise self.no_tls_offered()
+            return ClientTls({"ssl_mode": "DISABLED"}, False, self)
+        assert self.context is not None  # encrypted
+        if self.context.verify_mode == ssl.CERT_NONE:
+            return ClientTls({"ssl_mode": "REQUIRED"}, True, self)
+        cas: dict[str, str] = {}
+        if self.sslrootcert is not None:
+            cas["ca"] = str(self.sslrootcert)
+        else:  # the system CAs, where OpenSSL (and so Python's default context) finds them
+            paths = ssl.get_default_verify_paths()
+            if paths.cafile is not None and Path(paths.cafile).is_file():
+                cas["ca"] = paths.cafile
+            if paths.capath is not None and Path(paths.capath).is_dir():
+                cas["capath"] = paths.capath
+            if not cas:
+                return "source.sslrootcert is not set and OpenSSL's default CA locations do not exist"
+        if not self.context.check_hostname:
+            return ClientTls({"ssl_mode": "REQUIRED", "ssl": cas}, True, self)
+        if peer_cert is None:
+            return "the certificate the snapshot connection verified is not available to pin"
+        return ClientTls({"ssl_mode": "VERIFY_IDENTITY", "ssl": cas}, True, self,
+                         hashlib.sha1(peer_cert).hexdigest())  # libmariadb 3.3 pins SHA-1 only
+
     def start_tls(self, server_capabilities: int) -> bool:
         """Whether to start TLS, given the server's capabilities; raises when it must but cannot."""
         if self.context is None:
@@ -177,6 +218,29 @@ class Tls:
         if self.required:
             raise self.no_tls_offered()
         return False
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """A mysqlclient connection's TLS: its connect keywords, whether it must be encrypted, the policy."""
+
+    options: dict[str, Any]
+    encrypted: bool
+    policy: Tls
+    fingerprint: str | None = None  # SHA-1 of the certificate the joined connection verified (verify-full)
+
+    def failed(self, detail: str) -> TlsError:
+        """The error for a refused TLS handshake (libmariadb's message ``detail``)."""
+        p = self.policy
+        trusted = f"source.sslrootcert = '{p.sslrootcert}'" if p.sslrootcert is not None \
+            else "the system CAs (source.sslrootcert is not set)"
+        checked = "" if p.context is None or p.context.verify_mode == ssl.CERT_NONE else f"; checked against {trusted}"
+        return TlsError(
+            f"the snapshot's bulk reader (mysqlclient) could not set up TLS with the server at {p.where} with "
+            f"source.sslmode = '{p.sslmode}' ({detail}{checked})",
+            "set source.sslrootcert to the PEM file of the CA that signed the server's certificate (MariaDB: its "
+            "ssl_ca), and with verify-full source.host to a name the certificate lists",
+        )
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -56,7 +56,7 @@ def _same(a: Any, b: Any) -> bool:
 
 async def _read(cfg: Config, bulk: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Item], set[Any], list[Any]]:
     with monkeypatch.context() as m:
-        m.setattr(bulkread, "usable", lambda sslmode: bulk)
+        m.setattr(bulkread, "available", lambda: bulk)
         mysql_types._warned.clear()  # type: ignore[attr-defined]
         async with SourceDriver(MySqlSource(cfg), None, None, False) as d:
             items = await d.take(lambda got: any(isinstance(i, Mark) and i.kind is MarkKind.SNAPSHOT_DONE
@@ -110,7 +110,7 @@ async def test_bulk_reader_lands_exactly_what_the_aiomysql_reader_lands(
 
 async def test_bulk_reader_resumes_after_committed_keys(
         make_config: Callable[..., Config], sql: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bulkread, "usable", lambda sslmode: True)
+    monkeypatch.setattr(bulkread, "available", lambda: True)
     sql(*EXTRA[:7])
     order = {t: [r[0] for r in sql(f"SELECT v FROM {t} ORDER BY {k}")]
              for t, k in (("zk", "d, dt, id"), ("fk", "f"), ("ek", "id, e"))}
