@@ -44,7 +44,7 @@ class SnapshotJob:
     rows: int = 0  # rows emitted (chunk rows no streamed change superseded)
     chunks: int = 0
     below: Position | None = None  # the first chunk's low watermark (SNAPSHOT_COVERED's bound)
-    state: str = "queued"  # queued | running | done | failed
+    state: str = "queued"  # queued | running | done | failed | cancelled
     started: bool = False  # its INCREMENTAL_START is in the stream (or in the checkpoint already)
     error: str | None = None
 
@@ -195,6 +195,24 @@ class Incremental:
         """Run ``work`` in the chunk task before the next chunk (a table reload: catalog reads, publication)."""
         self._work.append(work)
         self._wake.set()
+
+    def cancel(self, tables: set[TableId], why: str) -> None:
+        """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled. Called in
+        the chunk task between chunks (``submit``), so no chunk of it is pending."""
+        gone = [j for j in self.jobs if j.table in tables]
+        self.jobs = collections.deque(j for j in self.jobs if j.table not in tables)
+        job = self.current
+        if job is not None and job.table in tables:
+            gone.append(job)
+            self.current, self.window = None, None
+        at = self.last()
+        for j in gone:
+            j.state, j.error = "cancelled", why
+            self.finished.append(j)
+            if j.started and at is not None:  # the checkpoint holds it as running: record the end
+                self._out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": str(j.table), "cancelled": why}))
+            self._log.warning("incremental snapshot cancelled", table=str(j.table), where=j.where, reason=why,
+                              chunks=j.chunks)
 
     def emit(self, mark: Mark) -> None:
         """A mark to deliver before the next streamed item."""
@@ -390,6 +408,17 @@ def plan_tables(state: Mapping[str, Any], configured: list[TableId], fresh: bool
     return marks, jobs
 
 
+def parse_tables(tables: list[str]) -> list[TableId]:
+    """A reloaded ``source.tables`` list, or a ConfigError saying what is wrong with it."""
+    try:
+        new = [TableId.parse(t) for t in tables]
+    except ValueError as exc:
+        raise ConfigError(f"table reload: {exc}") from None
+    if not new or len(set(new)) != len(new):
+        raise ConfigError(f"table reload: the list {tables!r} must name each table once, and at least one")
+    return new
+
+
 def check_table(name: str, configured: list[TableId]) -> TableId:
     """``name`` as a configured table, or a ConfigError naming the configured list."""
     try:
@@ -437,9 +466,10 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
         entry = jobs.get(table)
         if entry is None:
             return
-        entry["status"] = "failed" if mark.detail.get("failed") else "done"
-        if mark.detail.get("failed"):
-            entry["error"] = mark.detail["failed"]
+        why = mark.detail.get("failed") or mark.detail.get("cancelled")
+        entry["status"] = "failed" if mark.detail.get("failed") else "cancelled" if why else "done"
+        if why:
+            entry["error"] = why
         jobs[table] = entry
     state["incremental"] = jobs
 

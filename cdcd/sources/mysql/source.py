@@ -23,7 +23,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan, Replan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import check_table, plan_tables
+from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -446,9 +446,47 @@ class MySqlSource(Source):
         self._incr.request(check_table(table, sorted(self.tables)), where)
 
     def reload_tables(self, tables: list[str]) -> None:
-        raise ConfigError("table reload: the MariaDB/MySQL source reads the binlog with a table filter built when it "
-                          "connects; restart cdcd (`cdcd stop`, then `cdcd run`) to capture the new source.tables: "
-                          "added tables are then snapshotted incrementally while it streams")
+        new = parse_tables(tables)
+        if self.config.snapshot.mode == "initial_only":
+            raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
+        if self.flavor != "mariadb" and any(t not in self.tables for t in new):
+            raise ConfigError("table reload: an added table is snapshotted incrementally, which needs MariaDB (MySQL "
+                              "reports no binlog position for a consistent snapshot without a global read lock); "
+                              "on MySQL restart cdcd with snapshot.mode = \"always\" to capture new tables")
+        self._incr.submit(lambda: self._apply_tables(new))
+
+    async def _apply_tables(self, new: list[TableId]) -> None:
+        """A reload (in the chunk task, between chunks): the binlog reader's table filter is fixed when it
+        connects, so the stream is read again from the last delivered position with the new filter (the skip rule
+        drops what it re-sends); only then are the added tables snapshotted incrementally, so every change after a
+        chunk's low watermark is streamed. Removed tables stop being captured; their snapshots are cancelled."""
+        added = [t for t in new if t not in self.tables]
+        removed = [t for t in sorted(self.tables) if t not in new]
+        if not added and not removed:
+            return
+        for t in added:
+            found = await self._query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                                      "TABLE_NAME = %s", (t.schema, t.name))
+            if not found:
+                raise SourceError(f"table reload: table {t} does not exist on {self._where}; create it, or correct "
+                                  "source.tables and reload again")
+        before = self.tables
+        self.tables = set(new)  # the next binlog connection's filter (the running one keeps its own set)
+        try:
+            await self._stream.restream("source.tables reloaded")
+        except BaseException:
+            self.tables = before
+            raise
+        self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
+        self._incr.cancel(set(removed), "the table was removed from source.tables")
+        at = self._last_position()
+        if at is None:
+            at = MySqlPosition.epoch_start(self._epoch, "")
+        for t in added:
+            self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
+            self._incr.jobs.append(SnapshotJob(t, None, started=True))
+        self._incr.emit(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in sorted(self.tables)]}))
+        log.info("captured tables reloaded", added=[str(t) for t in added], removed=[str(t) for t in removed])
 
     def snapshot_progress(self) -> list[dict[str, Any]]:
         return self._incr.progress()
@@ -467,6 +505,8 @@ class MySqlSource(Source):
         out.update(self._stream.status())
         if self._incr.busy or self._incr.finished:
             out["incremental_snapshots"] = self._incr.progress()
+        if self._incr.reload_error:
+            out["table_reload_error"] = self._incr.reload_error
         return out
 
     async def close(self) -> None:

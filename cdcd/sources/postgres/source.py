@@ -18,7 +18,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import SnapshotJob, check_table, plan_tables
+from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -194,12 +194,7 @@ class PostgresSource(Source):
         self._incr.request(check_table(table, self._tables), where)
 
     def reload_tables(self, tables: list[str]) -> None:
-        try:
-            new = [TableId.parse(t) for t in tables]
-        except ValueError as exc:
-            raise ConfigError(f"table reload: {exc}") from None
-        if not new or len(set(new)) != len(new):
-            raise ConfigError(f"table reload: the list {tables!r} must name each table once, and at least one")
+        new = parse_tables(tables)
         if not self._stream_changes:
             raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
         self._incr.submit(lambda: self._apply_tables(new))
@@ -226,6 +221,7 @@ class PostgresSource(Source):
         self._tables = self._t.tables = list(new)
         self._stream.capture(self._tables)
         self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
+        self._incr.cancel(set(removed), "the table was removed from source.tables")
         at = self._last_position()
         for t in added:
             self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
