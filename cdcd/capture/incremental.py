@@ -168,6 +168,11 @@ class Incremental:
         self.reload_error: str | None = None  # why the last table reload failed (None: it worked, or none yet)
         self._task: asyncio.Task[None] | None = None
         self.last: Callable[[], Position | None] = lambda: None  # the coordinator's last delivered position
+        # Tables whose mirror a re-snapshot must repair (dropped and re-created under the same name): table ->
+        # why. The stream goes on; /status lists them until `cdcd snapshot TABLE` is asked for them.
+        self.stale: dict[TableId, str] = {}
+        #: A source's reading of a DDL/schema mark: the table it replaced and why (MariaDB's binlog DDL).
+        self.replaced: Callable[[Mark], tuple[TableId, str] | None] = lambda mark: None
 
     # -- what the source asks for ---------------------------------------------------------------
 
@@ -188,8 +193,21 @@ class Incremental:
 
     def request(self, table: TableId, where: str | None) -> None:
         """Queue a snapshot of ``table`` (a running or queued one of the same table is replaced at its start)."""
+        if where is None:
+            self.stale.pop(table, None)  # the whole table is read again: its mirror is repaired (SNAPSHOT_COVERED)
         self.jobs.append(SnapshotJob(table, where))
         self._wake.set()
+
+    def mark_stale(self, table: TableId, why: str) -> None:
+        """``table`` was dropped and re-created (or replaced): log it once, list it in /status until a
+        whole-table re-snapshot is requested."""
+        if table in self.stale:
+            return
+        self.stale[table] = why
+        self._log.error(f"table {table} was replaced on the source: {why}; its mirror may keep rows of the old table "
+                        f"and miss rows of the new one. The other tables go on streaming. Fix: `cdcd snapshot -c "
+                        f"CONFIG {table}` (a whole-table incremental snapshot; the consumer then drops the old rows)",
+                        table=str(table))
 
     def submit(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` in the chunk task before the next chunk (a table reload: catalog reads, publication)."""
@@ -254,6 +272,10 @@ class Incremental:
         pending = self.pending
         if pending is not None and item.position >= pending.hw:  # type: ignore[operator]
             out.extend(self._finish(pending))
+        if type(item) is Mark and item.kind in (MarkKind.DDL, MarkKind.SCHEMA):
+            hit = self.replaced(item)
+            if hit is not None:
+                self.mark_stale(*hit)
         if isinstance(item, ChangeEvent) and not item.snapshot:
             table = item.schema.table
             if table in self.dropped:

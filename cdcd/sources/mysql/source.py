@@ -37,7 +37,7 @@ from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
 from cdcd.sources.mysql.plan import LOST_FIX, Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
-from cdcd.sources.mysql.schema import SchemaHistory
+from cdcd.sources.mysql.schema import SchemaHistory, parse_ddl
 from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status
 from cdcd.sources.mysql.state import MySqlState, fold_state
 from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
@@ -49,6 +49,25 @@ log = structlog.get_logger("cdcd.source.mysql")
 HISTORY_CHECK_S = 5.0  # while streaming, how often the server's binlog is checked against the last position
 
 # ------------------------------------------------------------------ the source
+
+def replaced_by(mark: Mark) -> tuple[TableId, str] | None:
+    """A binlog DDL mark that drops a captured table or moves it away (``DROP TABLE``, ``CREATE OR REPLACE
+    TABLE``, ``RENAME TABLE``): the table, and what happened. A table of that name created later streams from
+    the binlog by name, but the mirror still holds the old table's rows: a re-snapshot repairs it."""
+    if mark.kind is not MarkKind.DDL:
+        return None
+    table = TableId.parse(str(mark.detail["table"]))
+    text = str(mark.detail.get("ddl") or "")
+    head = " ".join(text.lower().split()[:4])
+    if head.startswith(("drop temporary", "create temporary", "create or replace temporary")):
+        return None
+    for ddl in parse_ddl(text, table.schema):
+        gone = ddl.kind == "drop" or ddl.kind == "rename" or \
+            (ddl.kind == "create" and head.startswith("create or replace"))
+        if gone and ddl.table == table:
+            return table, f"the binlog has `{text[:200]}` at {mark.position}"
+    return None
+
 
 @dataclass
 class _Plan:
@@ -81,6 +100,7 @@ class MySqlSource(Source):
         self._chunks = MyChunkReader(self)
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
+        self._incr.replaced = replaced_by
         self._stream = MySqlStream(self, self._coord, None)
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
         self._epoch = 0  # the position epoch of the server streamed from (cdcd.positions.MySqlPosition)
@@ -507,6 +527,8 @@ class MySqlSource(Source):
             out["incremental_snapshots"] = self._incr.progress()
         if self._incr.reload_error:
             out["table_reload_error"] = self._incr.reload_error
+        if self._incr.stale:
+            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self._incr.stale.items())}
         return out
 
     async def close(self) -> None:

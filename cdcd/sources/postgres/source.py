@@ -65,6 +65,7 @@ class PostgresSource(Source):
         self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
+        self._stream.replaced = self._incr.mark_stale  # a table dropped and re-created: /status, `cdcd snapshot`
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
         self._start_mark: Mark | None = None
@@ -191,7 +192,28 @@ class PostgresSource(Source):
     def request_snapshot(self, table: str, where: str | None = None) -> None:
         if not self._stream_changes:
             raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
-        self._incr.request(check_table(table, self._tables), where)
+        t = check_table(table, self._tables)
+        if t in self._incr.stale:
+            # dropped and re-created: publish the new table and learn it first (in the chunk task, before the job)
+            self._incr.submit(lambda: self._republish(t))
+        self._incr.request(t, where)
+
+    async def _republish(self, t: TableId) -> None:
+        """A table re-created under a captured name: add it to the publication again (when cdcd created it;
+        else the error names the statement to run) and decode it with its new catalog facts."""
+        try:
+            sql = await self._t.ensure_sql()
+            info = await catalog.table_info(sql, t)
+            await catalog.ensure_publication(sql, self._publication, self._tables, {**self._t.infos, t: info})
+            await catalog.load_types(sql, self._t.registry, {c.type_oid for c in info.columns})
+        except Exception as exc:  # its snapshot would read rows whose later changes never arrive: none
+            why = f"publishing the re-created table {t} failed: {exc}"
+            self._incr.cancel({t}, why)
+            self._incr.mark_stale(t, why)
+            raise
+        self._t.infos[t] = info
+        self._t.shapes[t] = shape_from_info(info, self._t.registry)
+        log.info("re-created table published again; re-snapshotting it", table=str(t), oid=info.oid)
 
     def reload_tables(self, tables: list[str]) -> None:
         new = parse_tables(tables)
@@ -349,6 +371,8 @@ class PostgresSource(Source):
             out["incremental_snapshots"] = self._incr.progress()
         if self._incr.reload_error:
             out["table_reload_error"] = self._incr.reload_error
+        if self._incr.stale:
+            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self._incr.stale.items())}
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}

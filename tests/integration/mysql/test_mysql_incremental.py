@@ -11,6 +11,7 @@ from typing import Any
 import aiomysql
 import pytest
 from my_helpers import Driver
+from source_driver import replay_covered
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
@@ -300,3 +301,28 @@ async def test_a_table_removed_while_its_snapshot_runs_is_cancelled(
     assert state["tables"] == [f"{maria_db}.s"]
     assert [(p["state"], p["chunks"]) for p in progress] == [("cancelled", 3)]
     assert not [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "t" and not i.snapshot]
+
+
+async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_it(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    sql("CREATE TABLE s (id int PRIMARY KEY)", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+        "INSERT INTO t SELECT seq, seq, 'old' FROM seq_1_to_300")
+    async with Driver(make_config(["s", "t"], snapshot={"chunk_rows": 100})) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        sql("DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+            "INSERT INTO t SELECT seq, -seq, 'new' FROM seq_200_to_450", "DROP TEMPORARY TABLE IF EXISTS s")
+        await catch_up(d, maria_server, maria_db, got)
+        why = src.status()["tables_needing_snapshot"]
+        src.request_snapshot(f"{maria_db}.t")
+        got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=60)
+        sql("UPDATE t SET v = 0 WHERE id = 450", "INSERT INTO t VALUES (1000, 1, 'after')")
+        await catch_up(d, maria_server, maria_db, got)
+        status = src.status()
+    assert list(why) == [f"{maria_db}.t"] and "the binlog has `DROP TABLE" in why[f"{maria_db}.t"]
+    assert "tables_needing_snapshot" not in status
+    assert replay_covered(got, f"{maria_db}.t") == await source_rows(maria_server, maria_db)
+    assert [m.detail["table"] for m in marks(got, MarkKind.SNAPSHOT_COVERED)] == [f"{maria_db}.t"]

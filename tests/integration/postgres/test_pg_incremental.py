@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 from pg_helpers import Driver, apply, marks, wait_for
+from source_driver import replay_covered
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
@@ -292,3 +293,34 @@ async def test_a_reload_the_publication_cannot_take_fails_softly(
         status = src.status()
     assert f'run: ALTER PUBLICATION "p_{pg_db}" ADD TABLE "public"."t"' in status["table_reload_error"]
     assert not marks(got, MarkKind.TABLES) and src.snapshot_progress() == []
+
+
+async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_it(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'old' FROM generate_series(1, 300) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.a", "public.t"], snapshot={"chunk_rows": 100},
+                      source={"postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.2}})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        sql("DROP TABLE t; CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+            "INSERT INTO t SELECT g, -g, 'new' FROM generate_series(200, 450) g")
+        sql("INSERT INTO a VALUES (1)")
+        await wait_for(lambda: "public.t" in src.status().get("tables_needing_snapshot", {}), timeout=60,
+                       what="the re-created table in the status")
+        why = src.status()["tables_needing_snapshot"]["public.t"]
+        await catch_up(d, dsn, got)
+        assert not [i for i in got if isinstance(i, ChangeEvent) and str(i.table) == "public.t"
+                    and (i.after or {}).get("pad") == "new"], "the re-created table streamed before it was published"
+        src.request_snapshot("public.t")
+        got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        sql("UPDATE t SET v = 0 WHERE id = 450; INSERT INTO t VALUES (1000, 1, 'after')")
+        await catch_up(d, dsn, got)
+        status = src.status()
+    assert "dropped and re-created (relation OID" in why and f"publication 'p_{pg_db}' no longer covers it" in why
+    assert "tables_needing_snapshot" not in status
+    assert replay_covered(got, "public.t") == await source_rows(dsn)
+    assert [m.detail["table"] for m in marks(got, MarkKind.SNAPSHOT_COVERED)] == ["public.t"]
