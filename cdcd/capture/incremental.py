@@ -44,7 +44,7 @@ class SnapshotJob:
     rows: int = 0  # rows emitted (chunk rows no streamed change superseded)
     chunks: int = 0
     below: Position | None = None  # the first chunk's low watermark (SNAPSHOT_COVERED's bound)
-    state: str = "queued"  # queued | running | done | failed | cancelled
+    state: str = "queued"  # queued | running | done | failed | cancelled | replaced
     started: bool = False  # its INCREMENTAL_START is in the stream (or in the checkpoint already)
     error: str | None = None
 
@@ -196,6 +196,10 @@ class Incremental:
         if where is None:
             self.stale.pop(table, None)  # the whole table is read again: its mirror is repaired (SNAPSHOT_COVERED)
         self.jobs.append(SnapshotJob(table, where))
+        at = self.last()
+        if at is not None:  # durable once committed: a restart runs it (``fold_incremental``, "queued")
+            self._out.append(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(table), "where": where,
+                                                                    "queued": True}))
         self._wake.set()
 
     def mark_stale(self, table: TableId, why: str) -> None:
@@ -347,6 +351,8 @@ class Incremental:
                     await self._wake.wait()
                     continue
                 self._begin(self.jobs.popleft())
+                if self.current is None:
+                    continue  # replaced by a newer request of the same table
             job = self.current
             assert job is not None and self.reader is not None
             try:
@@ -379,8 +385,10 @@ class Incremental:
                 self.current, self.window = None, None
 
     def _begin(self, job: SnapshotJob) -> None:
-        # A newer request for the same table replaces a queued one; the newest wins.
-        if any(j.table == job.table for j in self.jobs):
+        # A newer request for the same table replaces a queued one (the newest wins); a started one (resumed
+        # after a restart) is being read and runs to its end first.
+        if not job.started and any(j.table == job.table for j in self.jobs):
+            job.state = "replaced"
             return
         self.current = job
         self.window = Window(job.table)  # recording starts before the first LW
@@ -463,15 +471,24 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
     """Fold one incremental-snapshot Mark into the source state (``state`` is the fold's own copy).
 
     ``state["incremental"]`` maps a table to ``{"where", "last_key", "rows", "chunks", "lw", "status"}``;
+    ``state["incremental_queued"]`` lists the requests not started yet (``{"table", "where"}``, in order);
     ``state["tables"]`` is the captured table list (what a restart compares ``source.tables`` with).
     """
     kind = mark.kind
+    queued = list(state.get("incremental_queued") or [])
     if kind is MarkKind.TABLES:
         state["tables"] = list(mark.detail["tables"])
+        if queued:
+            state["incremental_queued"] = [q for q in queued if q["table"] in state["tables"]]
+        return
+    table = mark.detail["table"]
+    if kind is MarkKind.INCREMENTAL_START and mark.detail.get("queued"):
+        state["incremental_queued"] = [*queued, {"table": table, "where": mark.detail.get("where")}]
         return
     jobs = {k: dict(v) for k, v in (state.get("incremental") or {}).items()}
-    table = mark.detail["table"]
     if kind is MarkKind.INCREMENTAL_START:
+        if queued:  # the table's snapshot begins: it replaces every request of the table queued before
+            state["incremental_queued"] = [q for q in queued if q["table"] != table]
         jobs[table] = {"where": mark.detail.get("where"), "last_key": None, "rows": 0, "chunks": 0, "lw": None,
                        "status": "running"}
     elif kind is MarkKind.INCREMENTAL_CHUNK:
@@ -497,7 +514,8 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
 
 
 def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[SnapshotJob]:
-    """The checkpoint's running incremental snapshots of tables still captured, to resume."""
+    """The checkpoint's running incremental snapshots of tables still captured, to resume, then its queued
+    requests."""
     out: list[SnapshotJob] = []
     for name, entry in (state.get("incremental") or {}).items():
         table = TableId.parse(name)
@@ -507,4 +525,8 @@ def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[S
         out.append(SnapshotJob(table, entry.get("where"), entry.get("last_key"), int(entry.get("rows", 0)),
                                int(entry.get("chunks", 0)), position_from_json(lw) if lw else None,
                                "queued", True))
+    for q in state.get("incremental_queued") or []:  # requested, not started: they start from the beginning
+        table = TableId.parse(q["table"])
+        if table in captured:
+            out.append(SnapshotJob(table, q.get("where")))
     return out

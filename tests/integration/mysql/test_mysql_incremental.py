@@ -313,8 +313,10 @@ async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_
         assert isinstance(src, MySqlSource)
         got: list[Item] = []
         await catch_up(d, maria_server, maria_db, got)
-        sql("DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
-            "INSERT INTO t SELECT seq, -seq, 'new' FROM seq_200_to_450", "DROP TEMPORARY TABLE IF EXISTS s")
+        # in a thread: the DROP waits for metadata locks that the event loop's connections release
+        await asyncio.to_thread(sql, "DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+                                "INSERT INTO t SELECT seq, -seq, 'new' FROM seq_200_to_450",
+                                "DROP TEMPORARY TABLE IF EXISTS s")
         await catch_up(d, maria_server, maria_db, got)
         why = src.status()["tables_needing_snapshot"]
         src.request_snapshot(f"{maria_db}.t")

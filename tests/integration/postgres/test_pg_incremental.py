@@ -324,3 +324,39 @@ async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_
     assert "tables_needing_snapshot" not in status
     assert replay_covered(got, "public.t") == await source_rows(dsn)
     assert [m.detail["table"] for m in marks(got, MarkKind.SNAPSHOT_COVERED)] == ["public.t"]
+
+
+async def test_requests_queued_but_not_started_survive_a_restart(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 300) g; INSERT INTO a VALUES (1, 1), (2, 2)")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.a", "public.t"], snapshot={"mode": "never", "chunk_rows": 100})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        never = asyncio.Event()
+
+        async def hold(job: SnapshotJob) -> None:
+            await never.wait()  # the first chunk of a is never delivered: the request after it stays queued
+
+        src._chunks.after_read = hold
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        src.request_snapshot("public.a", "id > 1")
+        src.request_snapshot("public.t", "id <= 10")
+        await catch_up(d, dsn, got)
+        await d.commit()
+        state, position = d.state, d.position
+    assert state["incremental_queued"] == [{"table": "public.t", "where": "id <= 10"}]
+    assert state["incremental"]["public.a"]["status"] == "running"
+    async with Driver(cfg, position, state) as d:
+        src = source_of(d)
+        more = await d.take(lambda items: len(marks(items, MarkKind.INCREMENTAL_DONE)) == 2)
+        await catch_up(d, dsn, more)
+        await d.commit()
+        progress, state = src.snapshot_progress(), d.state
+    assert [(p["table"], p["where"], p["state"]) for p in progress] == [
+        ("public.a", "id > 1", "done"), ("public.t", "id <= 10", "done")]
+    assert [r.key for r in more if isinstance(r, ChangeEvent) and r.table.name == "a"] == [(2,)]
+    assert len([r for r in more if isinstance(r, ChangeEvent) and r.table.name == "t"]) == 10
+    assert not state.get("incremental_queued")
