@@ -360,3 +360,43 @@ async def test_requests_queued_but_not_started_survive_a_restart(
     assert [r.key for r in more if isinstance(r, ChangeEvent) and r.table.name == "a"] == [(2,)]
     assert len([r for r in more if isinstance(r, ChangeEvent) and r.table.name == "t"]) == 10
     assert not state.get("incremental_queued")
+
+
+async def test_unchanged_toast_updated_in_a_chunk_window_lands_unavailable_unless_replica_identity_full(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    """The documented limit (docs/runtime.md, "Limits"): a row updated between its chunk's watermarks is taken
+    from the stream; an update that leaves a TOASTed value unchanged does not carry it, so a mirror that never
+    had the row lacks it. With REPLICA IDENTITY FULL the update carries it (the workaround)."""
+    big = "".join(chr(0x41 + (i * 7919) % 26) for i in range(20000))
+    for name in ("t", "f"):
+        sql(f"CREATE TABLE {name} (id int PRIMARY KEY, n int, big text); "
+            f"ALTER TABLE {name} ALTER big SET STORAGE EXTERNAL; "
+            f"INSERT INTO {name} SELECT g, 0, '{big}' FROM generate_series(1, 3) g")
+    sql("ALTER TABLE f REPLICA IDENTITY FULL")
+    dsn = pg_server.dsn(pg_db)
+    async with Driver(make_config(["public.t", "public.f"], snapshot=NEVER)) as d:
+        src = source_of(d)
+        writer = await asyncpg.connect(dsn)
+
+        async def touch(job: SnapshotJob) -> None:  # between the read and the HW: the stream supersedes row 1
+            await writer.execute(f"UPDATE {job.table.name} SET n = 1 WHERE id = 1")
+
+        src._chunks.after_read = touch
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        try:
+            for table in ("public.t", "public.f"):
+                src.request_snapshot(table)
+                got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+            await catch_up(d, dsn, got)
+        finally:
+            await writer.close()
+    for name, unavailable in (("t", ("big",)), ("f", ())):
+        events = [i for i in got if isinstance(i, ChangeEvent) and i.table.name == name]
+        assert sorted(e.key for e in events if e.snapshot) == [(2,), (3,)]  # row 1 came from the stream
+        update = next(e for e in events if not e.snapshot)
+        assert update.key == (1,) and update.unavailable == unavailable
+        mirror: dict[tuple[Any, ...], dict[str, Any]] = {}
+        apply(mirror, events)
+        assert mirror[(2,)]["big"] == big
+        assert mirror[(1,)].get("big") == (None if unavailable else big)
