@@ -389,6 +389,7 @@ class Incremental:
         # after a restart) is being read and runs to its end first.
         if not job.started and any(j.table == job.table for j in self.jobs):
             job.state = "replaced"
+            self.finished.append(job)
             return
         self.current = job
         self.window = Window(job.table)  # recording starts before the first LW
