@@ -113,3 +113,25 @@ class SourceDriver:
         self.state = self.source.fold(self.state, done)
         self.position = done[-1].position
         await self.source.confirm(self.position, self.state)
+
+
+def replay_covered(items: list[Item], table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """``table``'s rows as the Spark merge leaves them: events in position order, then each SNAPSHOT_COVERED
+    record drops the rows whose last change lies below its ``below`` (rows the re-snapshot did not see)."""
+    rows: dict[tuple[Any, ...], tuple[Position, dict[str, Any]]] = {}
+    events = sorted((i for i in items if isinstance(i, ChangeEvent) and str(i.table) == table),
+                    key=lambda e: e.position)
+    for e in events:
+        if e.op is Op.DELETE:
+            rows.pop(e.key, None)  # type: ignore[arg-type]
+        elif e.op is Op.TRUNCATE:
+            rows.clear()
+        else:
+            if e.before_key is not None:
+                rows.pop(e.before_key, None)
+            rows[e.key] = (e.position, dict(e.after or {}))  # type: ignore[index]
+    for m in items:
+        if isinstance(m, Mark) and m.kind.value == "snapshot_covered" and m.detail["table"] == table:
+            below = m.detail["below"]
+            rows = {k: v for k, v in rows.items() if not v[0] < below}
+    return {k: v[1] for k, v in rows.items()}

@@ -24,6 +24,13 @@ class Replan(SourceError):
     never retries it with backoff (retrying a lost position cannot find it again)."""
 
 
+class Restream(SourceError):
+    """The source asks for its stream to be read again from the last delivered position (a reloaded table filter).
+
+    Not a failure: the coordinator reconnects at once, without backoff, and does not count it as a reconnect;
+    the skip rule drops what the new connection re-sends."""
+
+
 class SnapshotReader(Protocol):
     """Reads the tables at one watermark: a new snapshot, or the rest of an interrupted one."""
 

@@ -9,6 +9,8 @@ runs them in that order and owns what is the same for every source:
 * the watermark handoff: the stream starts where the snapshot's watermark says;
 * reconnecting the stream with the one backoff (``cdcd.retry.source_backoff``: capped, jittered, a budget after
   which the failure is a ``SourceFatal``);
+* a ``Restream`` (the source changed what its stream reads, e.g. MariaDB's table filter on a reload): read the
+  stream again from the last delivered position at once, no backoff;
 * the skip rule after a reconnect: a stream re-read from an earlier point re-sends items; every item at or before
   the last delivered position is dropped (identity marks excepted: they describe the new connection);
 * incremental snapshots (``incremental.py``): while the stream runs, a task reads chunks between watermarks and
@@ -24,7 +26,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from cdcd.capture.contracts import CapturePlan, Replan, StreamReader
+from cdcd.capture.contracts import CapturePlan, Replan, Restream, StreamReader
 from cdcd.capture.incremental import Incremental
 from cdcd.config import Config
 from cdcd.errors import SourceError
@@ -131,6 +133,11 @@ class CaptureCoordinator:
                 if self._closing:
                     return
                 raise SourceError(stream.ended)
+            except Restream as exc:
+                if self._closing:
+                    return
+                self._log.info("re-reading the stream from the last delivered position", reason=str(exc))
+                reconnect = True
             except transient as exc:
                 if isinstance(exc, SourceError) and (exc.fatal or isinstance(exc, Replan)):
                     raise

@@ -44,7 +44,7 @@ class SnapshotJob:
     rows: int = 0  # rows emitted (chunk rows no streamed change superseded)
     chunks: int = 0
     below: Position | None = None  # the first chunk's low watermark (SNAPSHOT_COVERED's bound)
-    state: str = "queued"  # queued | running | done | failed
+    state: str = "queued"  # queued | running | done | failed | cancelled | replaced
     started: bool = False  # its INCREMENTAL_START is in the stream (or in the checkpoint already)
     error: str | None = None
 
@@ -168,6 +168,11 @@ class Incremental:
         self.reload_error: str | None = None  # why the last table reload failed (None: it worked, or none yet)
         self._task: asyncio.Task[None] | None = None
         self.last: Callable[[], Position | None] = lambda: None  # the coordinator's last delivered position
+        # Tables whose mirror a re-snapshot must repair (dropped and re-created under the same name): table ->
+        # why. The stream goes on; /status lists them until `cdcd snapshot TABLE` is asked for them.
+        self.stale: dict[TableId, str] = {}
+        #: A source's reading of a DDL/schema mark: the table it replaced and why (MariaDB's binlog DDL).
+        self.replaced: Callable[[Mark], tuple[TableId, str] | None] = lambda mark: None
 
     # -- what the source asks for ---------------------------------------------------------------
 
@@ -188,13 +193,48 @@ class Incremental:
 
     def request(self, table: TableId, where: str | None) -> None:
         """Queue a snapshot of ``table`` (a running or queued one of the same table is replaced at its start)."""
+        if where is None:
+            self.stale.pop(table, None)  # the whole table is read again: its mirror is repaired (SNAPSHOT_COVERED)
         self.jobs.append(SnapshotJob(table, where))
+        at = self.last()
+        if at is not None:  # durable once committed: a restart runs it (``fold_incremental``, "queued")
+            self._out.append(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(table), "where": where,
+                                                                    "queued": True}))
         self._wake.set()
+
+    def mark_stale(self, table: TableId, why: str) -> None:
+        """``table`` was dropped and re-created (or replaced): log it once, list it in /status until a
+        whole-table re-snapshot is requested."""
+        if table in self.stale:
+            return
+        self.stale[table] = why
+        self._log.error(f"table {table} was replaced on the source: {why}; its mirror may keep rows of the old table "
+                        f"and miss rows of the new one. The other tables go on streaming. Fix: `cdcd snapshot -c "
+                        f"CONFIG {table}` (a whole-table incremental snapshot; the consumer then drops the old rows)",
+                        table=str(table))
 
     def submit(self, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` in the chunk task before the next chunk (a table reload: catalog reads, publication)."""
         self._work.append(work)
         self._wake.set()
+
+    def cancel(self, tables: set[TableId], why: str) -> None:
+        """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled. Called in
+        the chunk task between chunks (``submit``), so no chunk of it is pending."""
+        gone = [j for j in self.jobs if j.table in tables]
+        self.jobs = collections.deque(j for j in self.jobs if j.table not in tables)
+        job = self.current
+        if job is not None and job.table in tables:
+            gone.append(job)
+            self.current, self.window = None, None
+        at = self.last()
+        for j in gone:
+            j.state, j.error = "cancelled", why
+            self.finished.append(j)
+            if j.started and at is not None:  # the checkpoint holds it as running: record the end
+                self._out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": str(j.table), "cancelled": why}))
+            self._log.warning("incremental snapshot cancelled", table=str(j.table), where=j.where, reason=why,
+                              chunks=j.chunks)
 
     def emit(self, mark: Mark) -> None:
         """A mark to deliver before the next streamed item."""
@@ -236,6 +276,10 @@ class Incremental:
         pending = self.pending
         if pending is not None and item.position >= pending.hw:  # type: ignore[operator]
             out.extend(self._finish(pending))
+        if type(item) is Mark and item.kind in (MarkKind.DDL, MarkKind.SCHEMA):
+            hit = self.replaced(item)
+            if hit is not None:
+                self.mark_stale(*hit)
         if isinstance(item, ChangeEvent) and not item.snapshot:
             table = item.schema.table
             if table in self.dropped:
@@ -307,6 +351,8 @@ class Incremental:
                     await self._wake.wait()
                     continue
                 self._begin(self.jobs.popleft())
+                if self.current is None:
+                    continue  # replaced by a newer request of the same table
             job = self.current
             assert job is not None and self.reader is not None
             try:
@@ -339,8 +385,11 @@ class Incremental:
                 self.current, self.window = None, None
 
     def _begin(self, job: SnapshotJob) -> None:
-        # A newer request for the same table replaces a queued one; the newest wins.
-        if any(j.table == job.table for j in self.jobs):
+        # A newer request for the same table replaces a queued one (the newest wins); a started one (resumed
+        # after a restart) is being read and runs to its end first.
+        if not job.started and any(j.table == job.table for j in self.jobs):
+            job.state = "replaced"
+            self.finished.append(job)
             return
         self.current = job
         self.window = Window(job.table)  # recording starts before the first LW
@@ -390,6 +439,17 @@ def plan_tables(state: Mapping[str, Any], configured: list[TableId], fresh: bool
     return marks, jobs
 
 
+def parse_tables(tables: list[str]) -> list[TableId]:
+    """A reloaded ``source.tables`` list, or a ConfigError saying what is wrong with it."""
+    try:
+        new = [TableId.parse(t) for t in tables]
+    except ValueError as exc:
+        raise ConfigError(f"table reload: {exc}") from None
+    if not new or len(set(new)) != len(new):
+        raise ConfigError(f"table reload: the list {tables!r} must name each table once, and at least one")
+    return new
+
+
 def check_table(name: str, configured: list[TableId]) -> TableId:
     """``name`` as a configured table, or a ConfigError naming the configured list."""
     try:
@@ -412,15 +472,24 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
     """Fold one incremental-snapshot Mark into the source state (``state`` is the fold's own copy).
 
     ``state["incremental"]`` maps a table to ``{"where", "last_key", "rows", "chunks", "lw", "status"}``;
+    ``state["incremental_queued"]`` lists the requests not started yet (``{"table", "where"}``, in order);
     ``state["tables"]`` is the captured table list (what a restart compares ``source.tables`` with).
     """
     kind = mark.kind
+    queued = list(state.get("incremental_queued") or [])
     if kind is MarkKind.TABLES:
         state["tables"] = list(mark.detail["tables"])
+        if queued:
+            state["incremental_queued"] = [q for q in queued if q["table"] in state["tables"]]
+        return
+    table = mark.detail["table"]
+    if kind is MarkKind.INCREMENTAL_START and mark.detail.get("queued"):
+        state["incremental_queued"] = [*queued, {"table": table, "where": mark.detail.get("where")}]
         return
     jobs = {k: dict(v) for k, v in (state.get("incremental") or {}).items()}
-    table = mark.detail["table"]
     if kind is MarkKind.INCREMENTAL_START:
+        if queued:  # the table's snapshot begins: it replaces every request of the table queued before
+            state["incremental_queued"] = [q for q in queued if q["table"] != table]
         jobs[table] = {"where": mark.detail.get("where"), "last_key": None, "rows": 0, "chunks": 0, "lw": None,
                        "status": "running"}
     elif kind is MarkKind.INCREMENTAL_CHUNK:
@@ -437,15 +506,17 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
         entry = jobs.get(table)
         if entry is None:
             return
-        entry["status"] = "failed" if mark.detail.get("failed") else "done"
-        if mark.detail.get("failed"):
-            entry["error"] = mark.detail["failed"]
+        why = mark.detail.get("failed") or mark.detail.get("cancelled")
+        entry["status"] = "failed" if mark.detail.get("failed") else "cancelled" if why else "done"
+        if why:
+            entry["error"] = why
         jobs[table] = entry
     state["incremental"] = jobs
 
 
 def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[SnapshotJob]:
-    """The checkpoint's running incremental snapshots of tables still captured, to resume."""
+    """The checkpoint's running incremental snapshots of tables still captured, to resume, then its queued
+    requests."""
     out: list[SnapshotJob] = []
     for name, entry in (state.get("incremental") or {}).items():
         table = TableId.parse(name)
@@ -455,4 +526,8 @@ def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[S
         out.append(SnapshotJob(table, entry.get("where"), entry.get("last_key"), int(entry.get("rows", 0)),
                                int(entry.get("chunks", 0)), position_from_json(lw) if lw else None,
                                "queued", True))
+    for q in state.get("incremental_queued") or []:  # requested, not started: they start from the beginning
+        table = TableId.parse(q["table"])
+        if table in captured:
+            out.append(SnapshotJob(table, q.get("where")))
     return out

@@ -157,7 +157,7 @@ def _snapshot_metrics(source: Mapping[str, Any]) -> Iterable[Metric]:
     yield estimate
 
 
-_INCREMENTAL_STATES = ("queued", "running", "done", "failed")
+_INCREMENTAL_STATES = ("queued", "running", "done", "failed", "cancelled", "replaced")
 
 
 def _incremental_metrics(jobs: Iterable[Mapping[str, Any]]) -> Iterable[Metric]:

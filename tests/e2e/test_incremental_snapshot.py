@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,9 +15,9 @@ from typing import Any
 
 import pymysql
 import pytest
-from daemon_harness import DaemonHarness
+from daemon_harness import CDCD, WAIT_S, DaemonHarness
 
-from cdcd.devservers import MariaDBServer, PostgresServer
+from cdcd.devservers import MariaDBServer, PostgresServer, free_port
 from cdcd.events import TableId
 from cdcd.landing.reader import mark_consumed
 from cdcd.positions import MySqlPosition, PgPosition, parse_lsn
@@ -188,4 +190,78 @@ def test_table_added_on_restart_snapshotted_while_streaming_survives_sigkill(set
     after = [r for r in s.landed_t() if r["_seq"] > before_restart and r["_cdc_snapshot"]]
     assert after and min(r["id"] for r in after) > int(held["last_key"][0]), "acked chunks were read again"
     assert s.replay() == s.table()
+    s.spark_and_verify()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CDCD, *args], capture_output=True, text=True, timeout=WAIT_S)
+
+
+def finished(s: Setup, table: str, where: str | None) -> bool:
+    """The checkpoint holds ``table``'s incremental snapshot (of ``where``) as done; a failed one fails the test."""
+    ckpt = s.checkpoint()
+    entry = None if ckpt is None else (ckpt.source_state.get("incremental") or {}).get(s.qualified(table))
+    if entry is None or entry.get("where") != where:
+        return False
+    assert entry["status"] in ("running", "done"), entry
+    return bool(entry["status"] == "done")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_operator_resnapshot_where_and_reloads_under_writes_end_equal(setup: Setup) -> None:
+    """`cdcd snapshot` after rows were deleted behind cdcd's back, `cdcd snapshot --where` and tables added with
+    `cdcd tables reload` and SIGHUP, all while a workload writes: Spark + `cdcd verify` find the mirror equal."""
+    s = setup
+    fill = "SELECT g, g, 'p' FROM generate_series(1, {n}) g" if s.kind == "postgres" else \
+        "SELECT seq, seq, 'p' FROM seq_1_to_{n}"
+    s.sql("CREATE TABLE s (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20)); "
+          "CREATE TABLE b (id int PRIMARY KEY, v int, pad varchar(20)); "
+          "CREATE TABLE c (id int PRIMARY KEY, v int, pad varchar(20)); "
+          f"INSERT INTO t {fill.format(n=ROWS)}; INSERT INTO b {fill.format(n=300)}; "
+          f"INSERT INTO c {fill.format(n=200)}")
+    s.tables = ["s", "t"]
+    http = free_port()
+    listen = {"http": {"listen": f"127.0.0.1:{http}"}}
+    s.start("landed", snapshot={"chunk_rows": 200}, **listen)
+    cfg = s.tmp / f"cdcd-{len(s.procs) - 1}.toml"  # the daemon's file: a reload re-reads it
+    s.wait("the initial snapshot landed", lambda: sum(r["_cdc_snapshot"] for r in s.landed_t()) >= ROWS)
+    # behind cdcd's back: changes that never reach the stream
+    if s.kind == "postgres":
+        pub = f"p_{s.db}"
+        for statement in (f"ALTER PUBLICATION {pub} DROP TABLE t", "DELETE FROM t WHERE id % 7 = 0",
+                          "UPDATE t SET pad = 'hidden' WHERE id % 11 = 0", f"ALTER PUBLICATION {pub} ADD TABLE t"):
+            s.sql(statement)
+    else:
+        s.sql("SET sql_log_bin = 0; DELETE FROM t WHERE id % 7 = 0; UPDATE t SET pad = 'hidden' WHERE id % 11 = 0; "
+              "SET sql_log_bin = 1")
+    stop, counts = threading.Event(), {}
+    writer = threading.Thread(target=writes, args=(s, stop, counts))
+    writer.start()
+    try:
+        asked = cli("snapshot", "-c", str(cfg), s.qualified("t"))
+        assert asked.returncode == 0, asked.stderr
+        s.wait("the re-snapshot done", lambda: finished(s, "t", None), timeout=180)
+        asked = cli("snapshot", "-c", str(cfg), s.qualified("t"), "--where", "id % 5 = 0")
+        assert asked.returncode == 0, asked.stderr
+        s.wait("the WHERE snapshot done", lambda: finished(s, "t", "id % 5 = 0"), timeout=180)
+
+        s.tables = ["s", "t", "b"]
+        cfg.write_text(s.config("landed", snapshot={"chunk_rows": 200}, **listen).read_text())
+        reloaded = cli("tables", "reload", "-c", str(cfg))
+        assert reloaded.returncode == 0 and f"added {s.qualified('b')}" in reloaded.stdout, reloaded.stderr
+        s.wait("b snapshotted", lambda: finished(s, "b", None), timeout=180)
+        s.sql("INSERT INTO b VALUES (1000, 1, 'after'); UPDATE b SET v = -1 WHERE id = 1")
+        s.tables = ["s", "t", "b", "c"]
+        cfg.write_text(s.config("landed", snapshot={"chunk_rows": 200}, **listen).read_text())
+        s.procs[-1].send_signal(signal.SIGHUP)
+        s.wait("c snapshotted", lambda: finished(s, "c", None), timeout=180)
+        s.sql("DELETE FROM c WHERE id = 2")
+    finally:
+        stop.set()
+        writer.join(60)
+    assert min(counts.get(op, 0) for op in ("insert", "update", "rekey", "delete")) > 10, counts
+    s.wait("the checkpoint passed the last write", s.passed_the_end())
+    s.procs[-1].send_signal(signal.SIGTERM)
+    assert s.procs[-1].wait(WAIT_S) == 0, s.tail()
     s.spark_and_verify()

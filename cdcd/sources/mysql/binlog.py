@@ -85,9 +85,12 @@ class Channel:
             self._wake()
 
     def finish(self, error: BaseException | None) -> None:
+        """The end of the hand-over; the first error stays (the thread's own end after a stop must not hide why
+        the consumer was stopped: a lost history, a restream)."""
         with self._cond:
             self._done = True
-            self._error = error
+            if self._error is None:
+                self._error = error
             self._wake()
 
     def _wake(self) -> None:

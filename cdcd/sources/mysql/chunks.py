@@ -97,7 +97,9 @@ class MyChunkReader:
             after = tuple(by_name[k] for k in pk)
         where, params = _after_clause(pk, key_types, after)
         if job.where:
-            where = f"{where} AND ({job.where})" if where else f" WHERE ({job.where})"
+            # the query is formatted with its parameters (pymysql's %s): a literal % of the condition is %%
+            cond = job.where.replace("%", "%%")
+            where = f"{where} AND ({cond})" if where else f" WHERE ({cond})"
         sql = f"{select}{where} ORDER BY {', '.join(quote_ident(k) for k in pk)} LIMIT {limit}"
         zero_keys = [names.index(k) for k in schema.key if is_temporal_key(schema.column(k).source_type)]
         reader = _ChunkReader(schema, convs, 1 << 62, [names.index(k) for k in schema.key], zero_keys, timeout)

@@ -23,7 +23,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan, Replan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import check_table, plan_tables
+from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -37,7 +37,7 @@ from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
 from cdcd.sources.mysql.plan import LOST_FIX, Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
-from cdcd.sources.mysql.schema import SchemaHistory
+from cdcd.sources.mysql.schema import SchemaHistory, parse_ddl
 from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status
 from cdcd.sources.mysql.state import MySqlState, fold_state
 from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
@@ -49,6 +49,25 @@ log = structlog.get_logger("cdcd.source.mysql")
 HISTORY_CHECK_S = 5.0  # while streaming, how often the server's binlog is checked against the last position
 
 # ------------------------------------------------------------------ the source
+
+def replaced_by(mark: Mark) -> tuple[TableId, str] | None:
+    """A binlog DDL mark that drops a captured table or moves it away (``DROP TABLE``, ``CREATE OR REPLACE
+    TABLE``, ``RENAME TABLE``): the table, and what happened. A table of that name created later streams from
+    the binlog by name, but the mirror still holds the old table's rows: a re-snapshot repairs it."""
+    if mark.kind is not MarkKind.DDL:
+        return None
+    table = TableId.parse(str(mark.detail["table"]))
+    text = str(mark.detail.get("ddl") or "")
+    head = " ".join(text.lower().split()[:4])
+    if head.startswith(("drop temporary", "create temporary", "create or replace temporary")):
+        return None
+    for ddl in parse_ddl(text, table.schema):
+        gone = ddl.kind == "drop" or ddl.kind == "rename" or \
+            (ddl.kind == "create" and head.startswith("create or replace"))
+        if gone and ddl.table == table:
+            return table, f"the binlog has `{text[:200]}` at {mark.position}"
+    return None
+
 
 @dataclass
 class _Plan:
@@ -81,6 +100,7 @@ class MySqlSource(Source):
         self._chunks = MyChunkReader(self)
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
+        self._incr.replaced = replaced_by
         self._stream = MySqlStream(self, self._coord, None)
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
         self._epoch = 0  # the position epoch of the server streamed from (cdcd.positions.MySqlPosition)
@@ -446,9 +466,47 @@ class MySqlSource(Source):
         self._incr.request(check_table(table, sorted(self.tables)), where)
 
     def reload_tables(self, tables: list[str]) -> None:
-        raise ConfigError("table reload: the MariaDB/MySQL source reads the binlog with a table filter built when it "
-                          "connects; restart cdcd (`cdcd stop`, then `cdcd run`) to capture the new source.tables: "
-                          "added tables are then snapshotted incrementally while it streams")
+        new = parse_tables(tables)
+        if self.config.snapshot.mode == "initial_only":
+            raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
+        if self.flavor != "mariadb" and any(t not in self.tables for t in new):
+            raise ConfigError("table reload: an added table is snapshotted incrementally, which needs MariaDB (MySQL "
+                              "reports no binlog position for a consistent snapshot without a global read lock); "
+                              "on MySQL restart cdcd with snapshot.mode = \"always\" to capture new tables")
+        self._incr.submit(lambda: self._apply_tables(new))
+
+    async def _apply_tables(self, new: list[TableId]) -> None:
+        """A reload (in the chunk task, between chunks): the binlog reader's table filter is fixed when it
+        connects, so the stream is read again from the last delivered position with the new filter (the skip rule
+        drops what it re-sends); only then are the added tables snapshotted incrementally, so every change after a
+        chunk's low watermark is streamed. Removed tables stop being captured; their snapshots are cancelled."""
+        added = [t for t in new if t not in self.tables]
+        removed = [t for t in sorted(self.tables) if t not in new]
+        if not added and not removed:
+            return
+        for t in added:
+            found = await self._query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                                      "TABLE_NAME = %s", (t.schema, t.name))
+            if not found:
+                raise SourceError(f"table reload: table {t} does not exist on {self._where}; create it, or correct "
+                                  "source.tables and reload again")
+        before = self.tables
+        self.tables = set(new)  # the next binlog connection's filter (the running one keeps its own set)
+        try:
+            await self._stream.restream("source.tables reloaded")
+        except BaseException:
+            self.tables = before
+            raise
+        self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
+        self._incr.cancel(set(removed), "the table was removed from source.tables")
+        at = self._last_position()
+        if at is None:
+            at = MySqlPosition.epoch_start(self._epoch, "")
+        for t in added:
+            self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
+            self._incr.jobs.append(SnapshotJob(t, None, started=True))
+        self._incr.emit(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in sorted(self.tables)]}))
+        log.info("captured tables reloaded", added=[str(t) for t in added], removed=[str(t) for t in removed])
 
     def snapshot_progress(self) -> list[dict[str, Any]]:
         return self._incr.progress()
@@ -467,6 +525,10 @@ class MySqlSource(Source):
         out.update(self._stream.status())
         if self._incr.busy or self._incr.finished:
             out["incremental_snapshots"] = self._incr.progress()
+        if self._incr.reload_error:
+            out["table_reload_error"] = self._incr.reload_error
+        if self._incr.stale:
+            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self._incr.stale.items())}
         return out
 
     async def close(self) -> None:

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
+from cdcd.capture.contracts import Restream
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.errors import SourceError
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, TableSchema
@@ -97,6 +98,7 @@ class MySqlStream:
         self.channel: Channel | None = None
         self.lag_ms: float | None = None
         self.resend_skip: tuple[str, int] | None = None  # (GTID set, seq): resent items of a partial transaction
+        self._restarted: asyncio.Event | None = None  # set when a run after a ``restream`` has its reader going
 
     @property
     def where(self) -> str:
@@ -133,6 +135,8 @@ class MySqlStream:
         self.reader, self.channel = reader, channel
         reader.start()
         self._coord.connected = True
+        if self._restarted is not None:
+            self._restarted.set()
         watch = asyncio.create_task(src._watch_history(channel), name="mysql-history-watch")
         try:
             while True:
@@ -183,6 +187,26 @@ class MySqlStream:
                 if not rows[0][0]:
                     break
                 await asyncio.sleep(0.05)
+
+    async def restream(self, why: str) -> None:
+        """Read the binlog again from the last delivered position with the source's current table filter; return
+        once the new reader runs (the coordinator reconnects on ``Restream``). Nothing to do while no reader runs:
+        the next connection takes the new filter anyway."""
+        channel = self.channel
+        if channel is None:
+            return
+        restarted = self._restarted = asyncio.Event()
+        channel.finish(Restream(f"{self.where}: {why}"))
+        cfg = self._src.config.runtime
+        limit = cfg.source_retry_timeout_s + 2 * cfg.source_read_timeout_s  # past it the coordinator gave up
+        try:
+            async with asyncio.timeout(limit):
+                await restarted.wait()
+        except TimeoutError:
+            raise SourceError(f"{self.where}: the binlog stream did not restart within {limit:.0f} s after {why}; "
+                              "check the source's connectivity and reload again") from None
+        finally:
+            self._restarted = None
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

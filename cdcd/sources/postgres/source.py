@@ -18,7 +18,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import SnapshotJob, check_table, plan_tables
+from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -71,6 +71,7 @@ class PostgresSource(Source):
         self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
+        self._stream.replaced = self._incr.mark_stale  # a table dropped and re-created: /status, `cdcd snapshot`
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
         self._start_mark: Mark | None = None
@@ -199,15 +200,31 @@ class PostgresSource(Source):
     def request_snapshot(self, table: str, where: str | None = None) -> None:
         if not self._stream_changes:
             raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
-        self._incr.request(check_table(table, self._tables), where)
+        t = check_table(table, self._tables)
+        if t in self._incr.stale:
+            # dropped and re-created: publish the new table and learn it first (in the chunk task, before the job)
+            self._incr.submit(lambda: self._republish(t))
+        self._incr.request(t, where)
+
+    async def _republish(self, t: TableId) -> None:
+        """A table re-created under a captured name: add it to the publication again (when cdcd created it;
+        else the error names the statement to run) and decode it with its new catalog facts."""
+        try:
+            sql = await self._t.ensure_sql()
+            info = await catalog.table_info(sql, t)
+            await catalog.ensure_publication(sql, self._publication, self._tables, {**self._t.infos, t: info})
+            await catalog.load_types(sql, self._t.registry, {c.type_oid for c in info.columns})
+        except Exception as exc:  # its snapshot would read rows whose later changes never arrive: none
+            why = f"publishing the re-created table {t} failed: {exc}"
+            self._incr.cancel({t}, why)
+            self._incr.mark_stale(t, why)
+            raise
+        self._t.infos[t] = info
+        self._t.shapes[t] = shape_from_info(info, self._t.registry)
+        log.info("re-created table published again; re-snapshotting it", table=str(t), oid=info.oid)
 
     def reload_tables(self, tables: list[str]) -> None:
-        try:
-            new = [TableId.parse(t) for t in tables]
-        except ValueError as exc:
-            raise ConfigError(f"table reload: {exc}") from None
-        if not new or len(set(new)) != len(new):
-            raise ConfigError(f"table reload: the list {tables!r} must name each table once, and at least one")
+        new = parse_tables(tables)
         if not self._stream_changes:
             raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
         self._incr.submit(lambda: self._apply_tables(new))
@@ -234,6 +251,7 @@ class PostgresSource(Source):
         self._tables = self._t.tables = list(new)
         self._stream.capture(self._tables)
         self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
+        self._incr.cancel(set(removed), "the table was removed from source.tables")
         at = self._last_position()
         for t in added:
             self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
@@ -363,6 +381,8 @@ class PostgresSource(Source):
             out["incremental_snapshots"] = self._incr.progress()
         if self._incr.reload_error:
             out["table_reload_error"] = self._incr.reload_error
+        if self._incr.stale:
+            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self._incr.stale.items())}
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}

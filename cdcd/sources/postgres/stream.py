@@ -46,6 +46,7 @@ log = structlog.get_logger("cdcd.source.postgres")
 STATUS_INTERVAL_S = 5.0
 #: The first major version whose pgoutput streams in-progress transactions (protocol 2).
 STREAMING_SINCE = 14
+REPLACED_CHECK_S = 5.0  # how often the captured tables' relation OIDs are compared with the decoded ones
 
 
 @dataclass
@@ -103,6 +104,10 @@ class PgStream:
         self._inprogress = inprogress  # the spool of in-progress transactions; None: protocol 1 only
         self._stream_in_progress = stream_in_progress and inprogress is not None  # protocol 2 when the server has it
         self.proto_version = 0  # of the current connection, for /status
+        #: Told of a captured table dropped or re-created (its relation OID changed): the publication no longer
+        #: covers it. Checked with the heartbeats, at most every REPLACED_CHECK_S.
+        self.replaced: Callable[[TableId, str], None] | None = None
+        self._checked = 0.0
 
     def capture(self, tables: list[TableId]) -> None:
         """The captured tables changed (a reload): relations of other tables are not decoded from now on."""
@@ -262,11 +267,37 @@ class PgStream:
                 if self._hb_sql is None or self._hb_sql.is_closed():
                     self._hb_sql = await catalog.connect_sql(self._params)
                 await catalog.emit_heartbeat(self._hb_sql)
+                if time.monotonic() - self._checked >= REPLACED_CHECK_S:
+                    self._checked = time.monotonic()
+                    await self._check_replaced(self._hb_sql)
             except Exception as exc:  # a missed heartbeat is harmless; the next one retries
                 log.warning("heartbeat failed", error=str(exc))
                 with contextlib.suppress(Exception):
                     self._hb_sql.terminate()
                 self._hb_sql = None
+
+    async def _check_replaced(self, conn: Any) -> None:
+        """A captured table dropped (and maybe re-created) leaves the publication: its changes stop arriving
+        without any message in the stream. Compare each table's relation OID with the one cdcd decodes."""
+        if self.replaced is None:
+            return
+        tables = sorted(self._table_set)
+        rows = await conn.fetch(
+            "SELECT n.nspname, c.relname, c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+            [t.schema for t in tables], [t.name for t in tables], timeout=self._heartbeat_s + 10)
+        now = {TableId(r["nspname"], r["relname"]): int(r["oid"]) for r in rows}
+        for t in tables:
+            info = self._tables.infos.get(t)
+            if info is None:
+                continue
+            oid = now.get(t)
+            if oid is None:
+                self.replaced(t, f"it was dropped (relation OID {info.oid} is gone), so publication "
+                                 f"{self._publication!r} no longer covers it")
+            elif oid != info.oid:
+                self.replaced(t, f"it was dropped and re-created (relation OID {info.oid} is now {oid}), so "
+                                 f"publication {self._publication!r} no longer covers it")
 
     def confirm(self, lsn: int) -> None:
         """A checkpoint with flush position ``lsn`` is durable: tell the server (standby status ``flush``)."""

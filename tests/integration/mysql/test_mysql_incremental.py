@@ -11,6 +11,7 @@ from typing import Any
 import aiomysql
 import pytest
 from my_helpers import Driver
+from source_driver import replay_covered
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
@@ -204,3 +205,126 @@ async def test_a_table_added_to_source_tables_is_snapshotted_while_streaming(
     assert state["incremental"][f"{maria_db}.t"]["status"] == "done"
     assert not [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "a"], "a removed table streamed"
     assert replay(got) == await source_rows(maria_server, maria_db)
+
+
+async def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+    assert predicate(), what
+
+
+async def test_reload_tables_on_the_running_source_under_a_workload(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    """The binlog reader's table filter follows a live reload: the stream is read again with it, the added table is
+    snapshotted while a workload writes to it, the removed one stops; a table that does not exist changes nothing."""
+    sql("CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE s (id int PRIMARY KEY)",
+        "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+        f"INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_{ROWS}")
+    async with Driver(make_config(["a", "s"], snapshot={"mode": "never", "chunk_rows": 200})) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        with pytest.raises(ConfigError, match=r"must be written as 'schema\.table'"):
+            src.reload_tables(["nodot"])
+        src.reload_tables([f"{maria_db}.a", f"{maria_db}.s", f"{maria_db}.nope"])
+        await wait_for(lambda: bool(src.status().get("table_reload_error")), "the failed reload in the status")
+        assert f"table {maria_db}.nope does not exist" in src.status()["table_reload_error"]
+        sql("INSERT INTO a VALUES (1)")
+        await catch_up(d, maria_server, maria_db, got)
+        stop = asyncio.Event()
+        counts: dict[str, int] = {}
+        writers = [asyncio.create_task(workload(maria_server, maria_db, stop, seed, counts)) for seed in range(3)]
+        try:
+            await asyncio.sleep(0.3)  # the workload's changes of t before the reload are not captured
+            src.reload_tables([f"{maria_db}.s", f"{maria_db}.t"])
+            got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=240)
+        finally:
+            stop.set()
+            await asyncio.gather(*writers)
+        sql("INSERT INTO a VALUES (2)", "UPDATE t SET v = -1 WHERE id = 1")
+        await catch_up(d, maria_server, maria_db, got)
+        await d.commit()
+        state, status = d.state, src.status()
+    assert min(counts.get(op, 0) for op in ("insert", "update", "rekey", "delete")) > 5, counts
+    assert [m.detail for m in marks(got, MarkKind.INCREMENTAL_START)] == [{"table": f"{maria_db}.t", "where": None}]
+    assert state["tables"] == [f"{maria_db}.s", f"{maria_db}.t"]
+    assert state["incremental"][f"{maria_db}.t"]["status"] == "done"
+    reloaded = got.index(marks(got, MarkKind.TABLES)[-1])
+    assert [i.key for i in got[:reloaded] if isinstance(i, ChangeEvent) and i.table.name == "a"] == [(1,)]
+    assert not [i for i in got[reloaded:] if isinstance(i, ChangeEvent) and i.table.name == "a"], \
+        "a removed table streamed"
+    assert status["reconnects"] == 0 and "table_reload_error" not in status
+    assert replay(got) == await source_rows(maria_server, maria_db)
+
+
+async def test_a_table_removed_while_its_snapshot_runs_is_cancelled(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    sql("CREATE TABLE s (id int PRIMARY KEY)", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+        "INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_1000")
+    async with Driver(make_config(["s", "t"], snapshot={"mode": "never", "chunk_rows": 100})) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+
+        async def remove_t(job: SnapshotJob) -> None:
+            if job.chunks == 2 and not src._incr._work:  # the third chunk is read: reload before the fourth
+                src.reload_tables([f"{maria_db}.s"])
+
+        src._chunks.after_read = remove_t
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        src.request_snapshot(f"{maria_db}.t")
+
+        async def writes() -> None:  # marks go with the next streamed item: keep the binlog moving
+            for n in itertools.count(10**6):
+                await asyncio.to_thread(sql, f"INSERT INTO s VALUES ({n})")
+                await asyncio.sleep(0.2)
+
+        writer = asyncio.create_task(writes())
+        try:
+            got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=60)
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+        sql("UPDATE t SET v = 0 WHERE id = 1")
+        await catch_up(d, maria_server, maria_db, got)
+        await d.commit()
+        state, progress = d.state, src.snapshot_progress()
+    done = marks(got, MarkKind.INCREMENTAL_DONE)
+    assert [m.detail for m in done] == [{"table": f"{maria_db}.t",
+                                         "cancelled": "the table was removed from source.tables"}]
+    assert len(marks(got, MarkKind.INCREMENTAL_CHUNK)) == 3 and not marks(got, MarkKind.SNAPSHOT_COVERED)
+    assert state["incremental"][f"{maria_db}.t"]["status"] == "cancelled"
+    assert state["tables"] == [f"{maria_db}.s"]
+    assert [(p["state"], p["chunks"]) for p in progress] == [("cancelled", 3)]
+    assert not [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "t" and not i.snapshot]
+
+
+async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_it(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    sql("CREATE TABLE s (id int PRIMARY KEY)", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+        "INSERT INTO t SELECT seq, seq, 'old' FROM seq_1_to_300")
+    async with Driver(make_config(["s", "t"], snapshot={"chunk_rows": 100})) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        # in a thread: the DROP waits for metadata locks that the event loop's connections release
+        await asyncio.to_thread(sql, "DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+                                "INSERT INTO t SELECT seq, -seq, 'new' FROM seq_200_to_450",
+                                "DROP TEMPORARY TABLE IF EXISTS s")
+        await catch_up(d, maria_server, maria_db, got)
+        why = src.status()["tables_needing_snapshot"]
+        src.request_snapshot(f"{maria_db}.t")
+        got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=60)
+        sql("UPDATE t SET v = 0 WHERE id = 450", "INSERT INTO t VALUES (1000, 1, 'after')")
+        await catch_up(d, maria_server, maria_db, got)
+        status = src.status()
+    assert list(why) == [f"{maria_db}.t"] and "the binlog has `DROP TABLE" in why[f"{maria_db}.t"]
+    assert "tables_needing_snapshot" not in status
+    assert replay_covered(got, f"{maria_db}.t") == await source_rows(maria_server, maria_db)
+    assert [m.detail["table"] for m in marks(got, MarkKind.SNAPSHOT_COVERED)] == [f"{maria_db}.t"]

@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 from pg_helpers import Driver, apply, marks, wait_for
+from source_driver import replay_covered
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
@@ -292,3 +293,110 @@ async def test_a_reload_the_publication_cannot_take_fails_softly(
         status = src.status()
     assert f'run: ALTER PUBLICATION "p_{pg_db}" ADD TABLE "public"."t"' in status["table_reload_error"]
     assert not marks(got, MarkKind.TABLES) and src.snapshot_progress() == []
+
+
+async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_it(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'old' FROM generate_series(1, 300) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.a", "public.t"], snapshot={"chunk_rows": 100},
+                      source={"postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.2}})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        sql("DROP TABLE t; CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+            "INSERT INTO t SELECT g, -g, 'new' FROM generate_series(200, 450) g")
+        sql("INSERT INTO a VALUES (1)")
+        await wait_for(lambda: "public.t" in src.status().get("tables_needing_snapshot", {}), timeout=60,
+                       what="the re-created table in the status")
+        why = src.status()["tables_needing_snapshot"]["public.t"]
+        await catch_up(d, dsn, got)
+        assert not [i for i in got if isinstance(i, ChangeEvent) and str(i.table) == "public.t"
+                    and (i.after or {}).get("pad") == "new"], "the re-created table streamed before it was published"
+        src.request_snapshot("public.t")
+        got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        sql("UPDATE t SET v = 0 WHERE id = 450; INSERT INTO t VALUES (1000, 1, 'after')")
+        await catch_up(d, dsn, got)
+        status = src.status()
+    assert "dropped and re-created (relation OID" in why and f"publication 'p_{pg_db}' no longer covers it" in why
+    assert "tables_needing_snapshot" not in status
+    assert replay_covered(got, "public.t") == await source_rows(dsn)
+    assert [m.detail["table"] for m in marks(got, MarkKind.SNAPSHOT_COVERED)] == ["public.t"]
+
+
+async def test_requests_queued_but_not_started_survive_a_restart(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 300) g; INSERT INTO a VALUES (1, 1), (2, 2)")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.a", "public.t"], snapshot={"mode": "never", "chunk_rows": 100})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        never = asyncio.Event()
+
+        async def hold(job: SnapshotJob) -> None:
+            await never.wait()  # the first chunk of a is never delivered: the request after it stays queued
+
+        src._chunks.after_read = hold
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        src.request_snapshot("public.a", "id > 1")
+        src.request_snapshot("public.t", "id <= 10")
+        await catch_up(d, dsn, got)
+        await d.commit()
+        state, position = d.state, d.position
+    assert state["incremental_queued"] == [{"table": "public.t", "where": "id <= 10"}]
+    assert state["incremental"]["public.a"]["status"] == "running"
+    async with Driver(cfg, position, state) as d:
+        src = source_of(d)
+        more = await d.take(lambda items: len(marks(items, MarkKind.INCREMENTAL_DONE)) == 2)
+        await catch_up(d, dsn, more)
+        await d.commit()
+        progress, state = src.snapshot_progress(), d.state
+    assert [(p["table"], p["where"], p["state"]) for p in progress] == [
+        ("public.a", "id > 1", "done"), ("public.t", "id <= 10", "done")]
+    assert [r.key for r in more if isinstance(r, ChangeEvent) and r.table.name == "a"] == [(2,)]
+    assert len([r for r in more if isinstance(r, ChangeEvent) and r.table.name == "t"]) == 10
+    assert not state.get("incremental_queued")
+
+
+async def test_unchanged_toast_updated_in_a_chunk_window_lands_unavailable_unless_replica_identity_full(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    """The documented limit (docs/runtime.md, "Limits"): a row updated between its chunk's watermarks is taken
+    from the stream; an update that leaves a TOASTed value unchanged does not carry it, so a mirror that never
+    had the row lacks it. With REPLICA IDENTITY FULL the update carries it (the workaround)."""
+    big = "".join(chr(0x41 + (i * 7919) % 26) for i in range(20000))
+    for name in ("t", "f"):
+        sql(f"CREATE TABLE {name} (id int PRIMARY KEY, n int, big text); "
+            f"ALTER TABLE {name} ALTER big SET STORAGE EXTERNAL; "
+            f"INSERT INTO {name} SELECT g, 0, '{big}' FROM generate_series(1, 3) g")
+    sql("ALTER TABLE f REPLICA IDENTITY FULL")
+    dsn = pg_server.dsn(pg_db)
+    async with Driver(make_config(["public.t", "public.f"], snapshot=NEVER)) as d:
+        src = source_of(d)
+        writer = await asyncpg.connect(dsn)
+
+        async def touch(job: SnapshotJob) -> None:  # between the read and the HW: the stream supersedes row 1
+            await writer.execute(f"UPDATE {job.table.name} SET n = 1 WHERE id = 1")
+
+        src._chunks.after_read = touch
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        try:
+            for table in ("public.t", "public.f"):
+                src.request_snapshot(table)
+                got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+            await catch_up(d, dsn, got)
+        finally:
+            await writer.close()
+    for name, unavailable in (("t", ("big",)), ("f", ())):
+        events = [i for i in got if isinstance(i, ChangeEvent) and i.table.name == name]
+        assert sorted(e.key for e in events if e.snapshot) == [(2,), (3,)]  # row 1 came from the stream
+        update = next(e for e in events if not e.snapshot)
+        assert update.key == (1,) and update.unavailable == unavailable
+        mirror: dict[tuple[Any, ...], dict[str, Any]] = {}
+        apply(mirror, events)
+        assert mirror[(2,)]["big"] == big
+        assert mirror[(1,)].get("big") == (None if unavailable else big)
