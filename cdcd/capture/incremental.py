@@ -160,6 +160,7 @@ class Incremental:
         self.current: SnapshotJob | None = None
         self.window: Window | None = None
         self.pending: Chunk | None = None  # read, waiting for the stream to reach its HW
+        self._delivered: Position | None = None  # the last streamed item ``before`` let through
         self.dropped: set[TableId] = set()  # tables no longer captured: their streamed changes are dropped
         self._out: list[Item] = []  # marks to emit before the next streamed item
         self._work: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
@@ -275,7 +276,13 @@ class Incremental:
             out, self._out = self._out, []
         pending = self.pending
         if pending is not None and item.position >= pending.hw:  # type: ignore[operator]
-            out.extend(self._finish(pending))
+            # The stream may have passed the HW before the chunk task set ``pending`` (the read returns after
+            # the HW is written): the rows then go at the last delivered position, never below what is already
+            # out. No key of theirs ties with a delivered change: every change after the LW took its key out.
+            at = pending.hw
+            if self._delivered is not None and self._delivered > at:  # type: ignore[operator]
+                at = self._delivered
+            out.extend(self._finish(pending, at))
         if type(item) is Mark and item.kind in (MarkKind.DDL, MarkKind.SCHEMA):
             hit = self.replaced(item)
             if hit is not None:
@@ -287,9 +294,12 @@ class Incremental:
             window = self.window
             if window is not None and table == window.table:
                 window.record(item)
+        if type(item) is not Mark or item.kind not in (MarkKind.IDENTITY, MarkKind.WATERMARK):
+            self._delivered = item.position
         return out, True
 
-    def _finish(self, chunk: Chunk) -> list[Item]:
+    def _finish(self, chunk: Chunk, at: Position) -> list[Item]:
+        """The chunk's rows no change after its LW touched, and its marks, at ``at`` (its HW or later)."""
         self.pending = None
         job, window = chunk.job, self.window
         assert window is not None
@@ -306,19 +316,19 @@ class Incremental:
                 texts = None if texts is None else tuple(None if t is None else t.filter(mask) for t in texts)
         out: list[Item] = []
         if data.num_rows:
-            out.append(RowBlock(chunk.schema, chunk.hw, data, Op.READ, True, key_text=texts))
+            out.append(RowBlock(chunk.schema, at, data, Op.READ, True, key_text=texts))
         job.rows += data.num_rows
         job.chunks += 1
         job.last_key = chunk.last_key if chunk.last_key is not None else job.last_key
         if job.below is None:
             job.below = chunk.lw
         table = str(job.table)
-        out.append(Mark(MarkKind.INCREMENTAL_CHUNK, chunk.hw, {
+        out.append(Mark(MarkKind.INCREMENTAL_CHUNK, at, {
             "table": table, "last_key": job.last_key, "rows": data.num_rows, "lw": chunk.lw.to_json()}))
         if chunk.last:
             if job.where is None:
-                out.append(Mark(MarkKind.SNAPSHOT_COVERED, chunk.hw, {"table": table, "below": job.below}))
-            out.append(Mark(MarkKind.INCREMENTAL_DONE, chunk.hw, {"table": table}))
+                out.append(Mark(MarkKind.SNAPSHOT_COVERED, at, {"table": table, "below": job.below}))
+            out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": table}))
         chunk.emitted.set()
         return out
 
