@@ -117,7 +117,7 @@ def events_to_table(schema: TableSchema, batch_seq: int, events: Sequence[Change
     """
     n = len(events)
     columns = _value_columns(schema, events)
-    columns.append(pa.array([e.op.value for e in events], pa.string()))
+    columns.append(pa.array([e.op for e in events], pa.string()))  # a StrEnum member is its code as str
     columns.append(pa.array([e.position.encoded for e in events], pa.string()))
     columns.append(pa.array([e.tx_id for e in events], pa.string()))
     columns.append(pa.array(_commit_ts_utc(events), pa.timestamp("us", tz="UTC")))
