@@ -2,14 +2,14 @@
 
 The table's columns come first, in the source's order and Arrow types, then
 the ``_cdc_`` metadata columns (see docs/landing-format.md). Events are
-converted value by value; a RowBlock already holds the table's columns, so
+converted in bulk, one Arrow call per column; a RowBlock already holds the table's columns, so
 only the metadata columns are made, as constant arrays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -55,41 +55,100 @@ def _row_of(event: ChangeEvent) -> dict[str, Any]:
     return event.after or {}
 
 
-def events_to_table(schema: TableSchema, batch_seq: int, indexed: Sequence[tuple[int, ChangeEvent]]) -> pa.Table:
-    """``indexed`` holds (index of the event in the batch, event), all of ``schema``."""
-    columns: list[pa.Array] = []
-    rows = [_row_of(e) for _, e in indexed]
+def _value_columns(schema: TableSchema, events: Sequence[ChangeEvent]) -> list[pa.Array]:
+    """The table's columns of ``events``, converted by Arrow in one pass over the row dicts.
+
+    The rows go in as one struct array (Arrow's converter reads each dict in C++; a key a row lacks is
+    NULL, a key the schema lacks is ignored) and come out as its child arrays. Unavailable values are
+    NULL: the few rows that have any are copied without them.
+    """
+    rows = [_row_of(e) for e in events]
+    for i, e in enumerate(events):
+        if e.unavailable:
+            gone = e.unavailable
+            rows[i] = {k: v for k, v in rows[i].items() if k not in gone}
+    struct = pa.struct([pa.field(c.name, c.type) for c in schema.columns])
+    try:
+        return list(pa.array(rows, type=struct).flatten())
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        _convert_by_column(schema, rows)  # raises, naming the column that failed
+        raise SinkFatal(  # Arrow refused the rows as a whole but took every column alone
+            f"landing: table {schema.table}: Arrow could not convert the rows as one struct array although "
+            f"every column converts alone: {exc}; report this with the table's schema"
+        ) from exc
+
+
+def _convert_by_column(schema: TableSchema, rows: list[dict[str, Any]]) -> None:
     for col in schema.columns:
-        values = [
-            None if col.name in e.unavailable else row.get(col.name)
-            for (_, e), row in zip(indexed, rows, strict=True)
-        ]
+        name = col.name
         try:
-            columns.append(pa.array(values, type=col.type))
+            pa.array([row.get(name) for row in rows], type=col.type)
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise SinkFatal(
                 f"landing: table {schema.table} column {col.name!r} ({col.source_type}): values do not fit "
                 f"Arrow type {col.type}: {exc}; the source's type mapping for this column is wrong"
             ) from exc
-    events = [e for _, e in indexed]
-    columns.append(pa.array([e.op.value for e in events], pa.string()))
+
+
+def _commit_ts_utc(events: Sequence[ChangeEvent]) -> list[datetime | None]:
+    """Each event's commit time in UTC; a transaction's events share one, converted once."""
+    out: list[datetime | None] = []
+    last: datetime | None = None
+    last_utc: datetime | None = None
+    for e in events:
+        ts = e.commit_ts
+        if ts is not last:
+            last, last_utc = ts, (ts.astimezone(UTC) if ts else None)
+        out.append(last_utc)
+    return out
+
+
+def _empty_lists(n: int) -> pa.Array:
+    """``n`` empty string lists (built from offsets alone)."""
+    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()))
+
+
+def events_to_table(schema: TableSchema, batch_seq: int, events: Sequence[ChangeEvent],
+                    indexes: Sequence[int]) -> pa.Table:
+    """``events`` (all of ``schema``) with ``indexes``, each event's index in the batch.
+
+    Column by column in bulk: Python builds one list per metadata column, Arrow converts each
+    with one call; constant columns are repeated scalars.
+    """
+    n = len(events)
+    columns = _value_columns(schema, events)
+    columns.append(pa.array([e.op for e in events], pa.string()))  # a StrEnum member is its code as str
     columns.append(pa.array([e.position.encoded for e in events], pa.string()))
     columns.append(pa.array([e.tx_id for e in events], pa.string()))
-    columns.append(
-        pa.array([e.commit_ts.astimezone(UTC) if e.commit_ts else None for e in events], pa.timestamp("us", tz="UTC"))
-    )
+    columns.append(pa.array(_commit_ts_utc(events), pa.timestamp("us", tz="UTC")))
     columns.append(pa.array([e.snapshot for e in events], pa.bool_()))
-    columns.append(pa.array([sorted(e.unavailable) for e in events], pa.list_(pa.string())))
-    columns.append(pa.array([batch_seq] * len(events), pa.int64()))
-    columns.append(pa.array([i for i, _ in indexed], pa.int64()))
-    columns.append(pa.array([schema.version] * len(events), pa.int64()))
-    keys = key_columns(schema)
-    before_keys = []
-    for e in events:
-        old = e.before_key
-        before_keys.append(None if old is None else dict(zip(keys, old, strict=True)) if schema.key else None)
-    columns.append(pa.array(before_keys, before_key_type(schema)))
+    if any(e.unavailable for e in events):
+        columns.append(pa.array([sorted(e.unavailable) for e in events], pa.list_(pa.string())))
+    else:
+        columns.append(_empty_lists(n))
+    columns.append(pa.repeat(pa.scalar(batch_seq, pa.int64()), n))
+    columns.append(pa.array(indexes, pa.int64()))
+    columns.append(pa.repeat(pa.scalar(schema.version, pa.int64()), n))
+    columns.append(_before_keys(schema, events))
     return pa.Table.from_arrays(columns, schema=arrow_schema(schema))
+
+
+def _before_keys(schema: TableSchema, events: Sequence[ChangeEvent]) -> pa.Array:
+    """The old key of each update that changed its key, else NULL; only updates are looked at."""
+    kind = before_key_type(schema)
+    if not schema.key:
+        return pa.nulls(len(events), kind)
+    update = Op.UPDATE
+    keys = schema.key
+    values: list[dict[str, Any] | None] = [None] * len(events)
+    changed = False
+    for i, e in enumerate(events):
+        if e.op is update:
+            old = e.before_key
+            if old is not None:
+                values[i] = dict(zip(keys, old, strict=True))
+                changed = True
+    return pa.array(values, kind) if changed else pa.nulls(len(events), kind)
 
 
 def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block: RowBlock) -> pa.Table:
@@ -109,7 +168,7 @@ def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block:
     columns.append(pa.repeat(pa.scalar(ts, pa.timestamp("us", tz="UTC")), n))
     columns.append(pa.repeat(pa.scalar(block.snapshot, pa.bool_()), n))
     # Every row: an empty list (a block never has unavailable values).
-    columns.append(pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string())))
+    columns.append(_empty_lists(n))
     columns.append(pa.repeat(pa.scalar(batch_seq, pa.int64()), n))
     columns.append(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)))
     columns.append(pa.repeat(pa.scalar(schema.version, pa.int64()), n))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
@@ -42,35 +43,33 @@ AckMode = Literal["landed", "consumed"]
 POLL_S = 0.1
 
 
-#: Part of a table's rows in a batch: a run of (index in the batch, event), or (index of the first row, block).
-_Part = list[tuple[int, ChangeEvent]] | tuple[int, RowBlock]
+@dataclass(slots=True)
+class _Run:
+    """Events of one group in batch order (other tables' events may sit between them), with their indexes."""
+
+    events: list[ChangeEvent] = field(default_factory=list)
+    indexes: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Group:
-    """The rows of one (table, schema version) in a batch, in batch order."""
+    """The rows of one (table, schema version) in a batch, in batch order: runs of events and row blocks."""
 
     schema: TableSchema
-    parts: list[_Part] = field(default_factory=list)
+    parts: list[_Run | tuple[int, RowBlock]] = field(default_factory=list)
     rows: int = 0
-    positions: set[str] = field(default_factory=set)
 
-    def add_event(self, index: int, event: ChangeEvent) -> None:
+    def run(self) -> _Run:
+        """The run that takes the group's next events (a new one after a block)."""
         last = self.parts[-1] if self.parts else None
-        if isinstance(last, list):
-            last.append((index, event))
-        else:
-            self.parts.append([(index, event)])
-        self.rows += 1
-        self.positions.add(event.position.encoded)
-
-    def add_block(self, index: int, block: RowBlock) -> None:
-        self.parts.append((index, block))
-        self.rows += block.rows
-        self.positions.add(block.position.encoded)
+        if type(last) is _Run:
+            return last
+        run = _Run()
+        self.parts.append(run)
+        return run
 
     def to_table(self, batch_seq: int) -> pa.Table:
-        tables = [events_to_table(self.schema, batch_seq, p) if isinstance(p, list)
+        tables = [events_to_table(self.schema, batch_seq, p.events, p.indexes) if isinstance(p, _Run)
                   else block_to_table(self.schema, batch_seq, p[0], p[1]) for p in self.parts]
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
@@ -79,18 +78,49 @@ def _group(batch: Batch) -> list[_Group]:
     """Rows per (table, schema version), in order of first appearance.
 
     ``_cdc_index`` counts rows across the batch: a block of n rows takes n
-    consecutive indexes, exactly as n events would.
+    consecutive indexes, exactly as n events would. Per event this costs an
+    identity check of its schema against the previous event's (a stream
+    lands long runs of one table); only a change of schema object looks the
+    group up.
     """
     groups: dict[tuple[TableId, int], _Group] = {}
+    by_schema: dict[int, _Group] = {}  # id() of a schema object the batch holds -> its group
     index = 0
+    last_schema: TableSchema | None = None
+    events: list[ChangeEvent] = []
+    indexes: list[int] = []
+
+    def group_of(schema: TableSchema) -> _Group:
+        group = by_schema.get(id(schema))
+        if group is None:
+            group = groups.setdefault((schema.table, schema.version), _Group(schema))
+            by_schema[id(schema)] = group
+        return group
+
     for item in batch.items:
         if type(item) is ChangeEvent:
-            groups.setdefault((item.table, item.schema.version), _Group(item.schema)).add_event(index, item)
+            schema = item.schema
+            if schema is not last_schema:
+                run = group_of(schema).run()
+                events, indexes, last_schema = run.events, run.indexes, schema
+            events.append(item)
+            indexes.append(index)
             index += 1
         elif type(item) is RowBlock and item.rows:
-            groups.setdefault((item.table, item.schema.version), _Group(item.schema)).add_block(index, item)
+            group = group_of(item.schema)
+            group.parts.append((index, item))
+            group.rows += item.rows
             index += item.rows
+            last_schema = None  # the group's next events start a new run
+    for group in groups.values():
+        group.rows += sum(len(p.events) for p in group.parts if isinstance(p, _Run))
     return list(groups.values())
+
+
+def _positions(table: pa.Table) -> set[str]:
+    """The lowest and highest ``_cdc_pos`` of a landed table (all the manifest records of them)."""
+    bounds = pc.min_max(table.column("_cdc_pos"))
+    return {bounds["min"].as_py(), bounds["max"].as_py()}
 
 
 def covered(batch: Batch) -> list[dict[str, Any]]:
@@ -168,9 +198,10 @@ class LandingWriter:
             blob = _parquet_bytes(table)
             name = layout.data_name(batch.seq, n)
             write_durably(data / name, blob, sync_dir=False)
-            positions |= group.positions
+            found = _positions(table)
+            positions |= found
             rows += group.rows
-            files.append(file_entry(name, describe_schema(group.schema), table.num_rows, blob, group.positions))
+            files.append(file_entry(name, describe_schema(group.schema), table.num_rows, blob, found))
         fsync_dir(data)
         return batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
                               covered(batch))
