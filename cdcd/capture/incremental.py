@@ -241,6 +241,17 @@ class Incremental:
         """A mark to deliver before the next streamed item."""
         self._out.append(mark)
 
+    def status(self) -> dict[str, Any]:
+        """The incremental snapshots' part of a source's ``/status`` (empty when there is nothing to say)."""
+        out: dict[str, Any] = {}
+        if self.busy or self.finished:
+            out["incremental_snapshots"] = self.progress()
+        if self.reload_error:
+            out["table_reload_error"] = self.reload_error
+        if self.stale:
+            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self.stale.items())}
+        return out
+
     def progress(self) -> list[dict[str, Any]]:
         active = [self.current] if self.current is not None else []
         return [j.progress() for j in (*self.finished, *active, *self.jobs)]

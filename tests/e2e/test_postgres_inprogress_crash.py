@@ -9,29 +9,16 @@ from typing import Any
 
 import asyncpg
 import pytest
-from daemon_harness import DaemonHarness, rows
+from daemon_harness import rows
+from test_postgres_crash import Setup as CrashSetup
+from test_postgres_crash import _check_flush_within_checkpoint
 
 from cdcd.devservers import PostgresServer
-from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres.inprogress import SPOOL_DIR, SUFFIX
 
 
-class Setup(DaemonHarness):
-    def __init__(self, tmp: Path, server: PostgresServer, db: str) -> None:
-        super().__init__(tmp)
-        self.server, self.db = server, db
-        self.slot = f"s_{db}"
-
-    def source_sections(self) -> dict[str, dict[str, Any]]:
-        return {
-            "source": {"kind": "postgres", "port": self.server.port, "user": "postgres", "database": self.db,
-                       "tables": ["public.t"], "sslmode": "disable"},
-            "source.postgres": {"slot": self.slot, "publication": f"p_{self.db}", "heartbeat_s": 0.5},
-        }
-
-    def confirmed_flush(self) -> int:
-        return parse_lsn(self.server.psql(
-            f"SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{self.slot}'"))
+class Setup(CrashSetup):
+    """The crash test's daemon setup, plus a look at the in-progress spool."""
 
     def spooled(self) -> int:
         """Bytes in the daemon's in-progress spool files."""
@@ -50,14 +37,6 @@ def setup(tmp_path: Path, pg_server: PostgresServer, pg_db: str) -> Iterator[Set
         yield s
     finally:
         s.close()
-
-
-def _check_flush_within_checkpoint(s: Setup) -> None:
-    # The slot first, then the checkpoint: a running daemon saves a checkpoint before it confirms the flush.
-    flushed = s.confirmed_flush()
-    ckpt = s.checkpoint()
-    assert ckpt is not None and isinstance(ckpt.position, PgPosition)
-    assert flushed <= ckpt.position.lsn
 
 
 def _replay(landed: list[dict[str, Any]]) -> dict[int, str]:

@@ -360,41 +360,30 @@ class Snapshotter:
             rows = 0
             last: tuple[Any, ...] | None = None
             bulk = self._bulks.get(id(conn))
-            if bulk is not None:
-                try:
-                    async for data, tail, texts in reader.bulk_blocks(bulk, sql, params):
-                        rows += data.num_rows
-                        prog.rows += data.num_rows
-                        last = tail
-                        yield [RowBlock(schema, at, data, key_text=texts)]
-                except BaseException:
-                    # abandoned mid-result: the connections are dropped (reading the rest could take long)
-                    conn.close()
-                    self._bulks.pop(id(conn), None)
-                    bulk.close()
-                    raise
-                if not pk or rows < self.chunk_rows or last is None:
-                    break
-                after = tuple(last[i] for i in key_idx)
-                continue
-            cur = await conn.cursor(aiomysql.SSCursor)
+            cur = None if bulk is not None else await conn.cursor(aiomysql.SSCursor)
             try:
-                # Every read from the server has the limit, not the whole streamed chunk: its blocks may wait
-                # in the queue while the pipeline is paused.
-                async with asyncio.timeout(self.read_timeout_s):
-                    await cur.execute(sql, params)
-                async for data, tail, texts in reader.blocks(cur):
+                if cur is not None:
+                    # Every read from the server has the limit, not the whole streamed chunk: its blocks may
+                    # wait in the queue while the pipeline is paused.
+                    async with asyncio.timeout(self.read_timeout_s):
+                        await cur.execute(sql, params)
+                blocks = reader.blocks(cur) if cur is not None else reader.bulk_blocks(bulk, sql, params)  # type: ignore[arg-type]
+                async for data, tail, texts in blocks:
                     rows += data.num_rows
                     prog.rows += data.num_rows
                     last = tail
                     yield [RowBlock(schema, at, data, key_text=texts)]
             except BaseException:
                 # Abandoned mid-result (stop, error): closing the cursor would read the rest of the result
-                # (a whole keyless table); the connection is dropped instead, a retry opens new ones.
+                # (a whole keyless table); the connections are dropped instead, a retry opens new ones.
                 conn.close()
+                if bulk is not None:
+                    self._bulks.pop(id(conn), None)
+                    bulk.close()
                 raise
-            async with asyncio.timeout(self.read_timeout_s):
-                await cur.close()
+            if cur is not None:
+                async with asyncio.timeout(self.read_timeout_s):
+                    await cur.close()
             if not pk or rows < self.chunk_rows or last is None:
                 break
             after = tuple(last[i] for i in key_idx)

@@ -523,12 +523,7 @@ class MySqlSource(Source):
             out["snapshot"] = {t: {"rows": p.rows, "total_estimate": p.total_estimate, "done": p.done}
                                for t, p in snap.progress.items()}
         out.update(self._stream.status())
-        if self._incr.busy or self._incr.finished:
-            out["incremental_snapshots"] = self._incr.progress()
-        if self._incr.reload_error:
-            out["table_reload_error"] = self._incr.reload_error
-        if self._incr.stale:
-            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self._incr.stale.items())}
+        out.update(self._incr.status())
         return out
 
     async def close(self) -> None:

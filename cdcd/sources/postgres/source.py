@@ -377,12 +377,7 @@ class PostgresSource(Source):
         }
         if self._system:
             out["timeline"] = self._system.get("timeline")
-        if self._incr.busy or self._incr.finished:
-            out["incremental_snapshots"] = self._incr.progress()
-        if self._incr.reload_error:
-            out["table_reload_error"] = self._incr.reload_error
-        if self._incr.stale:
-            out["tables_needing_snapshot"] = {str(t): why for t, why in sorted(self._incr.stale.items())}
+        out.update(self._incr.status())
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}
