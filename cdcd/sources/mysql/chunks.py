@@ -79,6 +79,8 @@ class MyChunkReader:
         #: cannot see, on another connection).
         self.before_select: Callable[[SnapshotJob], Awaitable[None]] | None = None
         self.strategy: Strategy | None = None  # the last read's, for tests and the log
+        #: What the bracketing LW's fence waits for right now ("binlog reader", "engine commits"), else None.
+        self.waiting: str | None = None
 
     async def _connection(self) -> aiomysql.Connection:
         if self._conn is None or self._conn.closed:
@@ -206,20 +208,25 @@ class MyChunkReader:
         async with asyncio.timeout(timeout):
             p = await self._binlog_end(conn)
         lw = src._stamp(MySqlPosition.at(p.file, p.pos, 0))
-        read = self._read_gtids(lw, deadline)
-        while read is None:
-            await asyncio.sleep(FENCE_POLL_S)
+        try:
+            self.waiting = "binlog reader"
             read = self._read_gtids(lw, deadline)
-        while True:
-            async with asyncio.timeout(timeout):
-                committed = await self._committed(conn)
-            if covers(committed, read):
-                break
-            if loop.time() > deadline:
-                raise SourceError(f"{src._where}: the binlog holds transactions whose commit has not completed after "
-                                  f"{timeout:g} s (committed GTIDs {committed}, binlog read up to {read}); the "
-                                  "chunk is read again (runtime.source_read_timeout_s bounds this wait)")
-            await asyncio.sleep(FENCE_POLL_S)
+            while read is None:
+                await asyncio.sleep(FENCE_POLL_S)
+                read = self._read_gtids(lw, deadline)
+            self.waiting = "engine commits"
+            while True:
+                async with asyncio.timeout(timeout):
+                    committed = await self._committed(conn)
+                if covers(committed, read):
+                    break
+                if loop.time() > deadline:
+                    raise SourceError(f"{src._where}: the binlog holds transactions whose commit has not completed "
+                                      f"after {timeout:g} s (committed GTIDs {committed}, binlog read up to {read}); "
+                                      "the chunk is read again (runtime.source_read_timeout_s bounds this wait)")
+                await asyncio.sleep(FENCE_POLL_S)
+        finally:
+            self.waiting = None
         async with asyncio.timeout(timeout):
             await self._rows(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
         return lw

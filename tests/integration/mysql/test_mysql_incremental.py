@@ -239,6 +239,45 @@ async def test_changes_committed_after_the_reads_snapshot_began_supersede_its_ro
     assert all(mirror[(k,)]["pad"] == "unseen" for _, _, k in hidden)
 
 
+async def test_the_bracketing_fence_waits_for_the_binlog_reader_to_reach_the_low_watermark(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    """The binlog reader is held back (nothing is pulled while one transaction of 30,000 rows fills its
+    hand-over queue): the chunk's snapshot must not begin before the reader has read up to the chunk's LW, or a
+    transaction just before the LW could be one whose engine commit has not run. Without the fence the snapshot
+    would begin while the reader is still inside that transaction."""
+    sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))", "CREATE TABLE s (id int PRIMARY KEY)",
+        "INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_300")
+    cfg = with_watermark(make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 100}), "bracketing")
+    began: list[tuple[int, tuple[str, int] | None]] = []  # (chunk, where the binlog reader was) at each snapshot
+    async with Driver(cfg) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+
+        async def note(job: SnapshotJob) -> None:
+            reader = src._stream.reader
+            began.append((job.chunks, reader.read_upto if reader is not None else None))
+
+        src._chunks.before_select = note
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        sql("INSERT INTO s SELECT seq FROM seq_1000001_to_1030000")  # more items than the hand-over queue holds
+        src.request_snapshot(f"{maria_db}.t")
+        await wait_for(lambda: bool(began) or src._chunks.waiting == "binlog reader",
+                       "the first chunk read under way while nothing is pulled")
+        assert not began, "the first chunk's snapshot began while the binlog reader was held back"
+        got += await d.take(lambda items: bool(items) and isinstance(items[-1], Mark)
+                            and items[-1].kind is MarkKind.INCREMENTAL_DONE, timeout=120)
+        await catch_up(d, maria_server, maria_db, got)
+    lws = [m.detail["lw"] for m in marks(got, MarkKind.INCREMENTAL_CHUNK)]
+    assert len(began) == len(lws) == 4
+    for chunk, upto in began:
+        assert upto is not None
+        at, lw = MySqlPosition.at(*upto), MySqlPosition.at(lws[chunk]["file"], lws[chunk]["pos"])
+        assert (at.file_index, at.pos) >= (lw.file_index, lw.pos), f"chunk {chunk}: reader at {upto}, LW {lw}"
+    assert replay(got) == await source_rows(maria_server, maria_db)
+
+
 @WATERMARKS
 async def test_an_idle_binlog_still_delivers_the_chunks_and_a_restart_resumes(
         maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
