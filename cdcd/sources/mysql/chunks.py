@@ -184,16 +184,23 @@ class MyChunkReader:
         the engine commits): it is not in the window (recording began after it) and the read did not see it, so
         the snapshot is taken again until its position is past everything delivered."""
         src = self._src
-        async with asyncio.timeout(timeout):
-            while True:
-                delivered = src._coord.last
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            delivered = src._coord.last
+            async with asyncio.timeout(timeout):
                 await self._rows(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
                 file, pos = parse_snapshot_status(await self._rows(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
-                lw = src._stamp(MySqlPosition.at(file, pos, 0))
-                if not isinstance(delivered, MySqlPosition) or lw >= delivered:
-                    return lw
+            lw = src._stamp(MySqlPosition.at(file, pos, 0))
+            if not isinstance(delivered, MySqlPosition) or lw >= delivered:
+                return lw
+            async with asyncio.timeout(timeout):
                 await self._rows(conn, "COMMIT")
-                await asyncio.sleep(FENCE_POLL_S)
+            if loop.time() > deadline:
+                raise SourceError(f"{src._where}: the read's snapshot (binlog {file}:{pos}) is still not past the last "
+                                  f"delivered position {delivered} after {timeout:g} s (the engine commit of a "
+                                  "delivered transaction has not run); the chunk is read again")
+            await asyncio.sleep(FENCE_POLL_S)
 
     async def _bracketing_lw(self, conn: aiomysql.Connection, timeout: float) -> MySqlPosition:
         """The binlog's end P before the read, the fence, then the read's snapshot: P is the LW.
