@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiomysql
 import pyarrow as pa
+import structlog
 
 from cdcd.capture.incremental import Chunk, SnapshotJob
 from cdcd.errors import SourceError, SourceFatal
@@ -58,6 +59,8 @@ from cdcd.sources.mysql.watermarks import Strategy, binlog_status_statement, cho
 if TYPE_CHECKING:
     from cdcd.sources.mysql.source import MySqlSource
 
+
+log = structlog.get_logger("cdcd.source.mysql")
 
 #: How often the LW's fence looks again (the stream reaching P, the server's engine commits catching up).
 FENCE_POLL_S = 0.01
@@ -98,6 +101,10 @@ class MyChunkReader:
         if src.flavor == "mysql" and not src.gtid_mode:
             raise SourceFatal(f"incremental snapshot of {job.table}: on MySQL the low watermark's fence needs GTIDs "
                               "(gtid_mode = ON, enforce_gtid_consistency = ON); see docs/mysql.md")
+        if strategy != self.strategy:
+            log.info("incremental snapshot low watermark", strategy=strategy, flavor=src.flavor,
+                     setting=src.config.source.mysql.incremental_watermark,
+                     statement=binlog_status_statement(src.flavor, src.version))
         self.strategy = strategy
         timeout = src.config.runtime.source_read_timeout_s
         conn = await self._connection()
