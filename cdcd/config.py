@@ -37,6 +37,9 @@ class PostgresOptions(_Section):
 
 class MySqlOptions(_Section):
     server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
+    #: How an incremental snapshot chunk's low watermark is taken (docs/mysql.md, "Incremental snapshots"): "auto"
+    #: is MariaDB's exact snapshot position, the bracketing position on MySQL (which has none).
+    incremental_watermark: Literal["auto", "exact", "bracketing"] = "auto"
 
 
 class SourceConfig(_Section):

@@ -43,6 +43,7 @@ from cdcd.sources.mysql.state import MySqlState, fold_state
 from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.types import key_from_json
+from cdcd.sources.mysql.watermarks import binlog_status_statement
 
 log = structlog.get_logger("cdcd.source.mysql")
 
@@ -96,7 +97,7 @@ class MySqlSource(Source):
         self.history = SchemaHistory()
         self._ctl: aiomysql.Connection | None = None
         self._coord = CaptureCoordinator(config, log, where=f"{config.source.kind} {self.conn.where}")
-        # Incremental snapshots while streaming (cdcd/capture/incremental.py): MariaDB's chunk reads.
+        # Incremental snapshots while streaming (cdcd/capture/incremental.py): the chunk reads.
         self._chunks = MyChunkReader(self)
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
@@ -409,10 +410,7 @@ class MySqlSource(Source):
     async def _current_position(self) -> Watermark:
         conn = await self._control()
         async with conn.cursor(aiomysql.DictCursor) as cur:
-            try:
-                await cur.execute("SHOW BINARY LOG STATUS")
-            except (aiomysql.ProgrammingError, aiomysql.OperationalError):
-                await cur.execute("SHOW MASTER STATUS")
+            await cur.execute(binlog_status_statement(self.flavor, self.version))
             wm = parse_binlog_status(await cur.fetchone())
         if self.flavor == "mariadb":
             rows = await self._query("SELECT BINLOG_GTID_POS(%s, %s)", (wm.file, wm.pos))
@@ -460,20 +458,23 @@ class MySqlSource(Source):
     def request_snapshot(self, table: str, where: str | None = None) -> None:
         if self.config.snapshot.mode == "initial_only":
             raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
-        if self.flavor != "mariadb":
-            raise ConfigError("snapshot request: incremental snapshots need MariaDB (MySQL reports no binlog position "
-                              "for a consistent snapshot without a global read lock)")
+        self._check_incremental("snapshot request")
         self._incr.request(check_table(table, sorted(self.tables)), where)
 
     def reload_tables(self, tables: list[str]) -> None:
         new = parse_tables(tables)
         if self.config.snapshot.mode == "initial_only":
             raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
-        if self.flavor != "mariadb" and any(t not in self.tables for t in new):
-            raise ConfigError("table reload: an added table is snapshotted incrementally, which needs MariaDB (MySQL "
-                              "reports no binlog position for a consistent snapshot without a global read lock); "
-                              "on MySQL restart cdcd with snapshot.mode = \"always\" to capture new tables")
+        if any(t not in self.tables for t in new):
+            self._check_incremental("table reload (an added table is snapshotted incrementally)")
         self._incr.submit(lambda: self._apply_tables(new))
+
+    def _check_incremental(self, what: str) -> None:
+        """Incremental snapshots on MySQL fence their low watermark with GTIDs (cdcd/sources/mysql/chunks.py)."""
+        if self.flavor == "mysql" and not self.gtid_mode:
+            raise ConfigError(f"{what}: incremental snapshots on MySQL need GTIDs (gtid_mode = ON and "
+                              "enforce_gtid_consistency = ON, see docs/mysql.md); without them restart cdcd with "
+                              "snapshot.mode = \"always\" to take a new snapshot instead")
 
     async def _apply_tables(self, new: list[TableId]) -> None:
         """A reload (in the chunk task, between chunks): the binlog reader's table filter is fixed when it

@@ -1,4 +1,7 @@
-"""Incremental snapshots on a real MariaDB: chunks read while the binlog streams, exact under concurrent writes."""
+"""Incremental snapshots on a real MariaDB: chunks read while the binlog streams, exact under concurrent writes.
+
+The tests marked with ``watermark`` run with both low-watermark strategies: MariaDB's exact snapshot position and the
+bracketing position MySQL uses (``source.mysql.incremental_watermark = "bracketing"``; docs/mysql.md)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,16 @@ from cdcd.sources.mysql import MySqlSource
 ROWS = 3000
 pytestmark = pytest.mark.filterwarnings("ignore:Duplicate entry")  # the workload's INSERT IGNORE / UPDATE IGNORE
 _sentinel = itertools.count(1)
+
+
+#: Both low-watermark strategies ("auto" is MariaDB's exact snapshot position).
+WATERMARKS = pytest.mark.parametrize("watermark", ["exact", "bracketing"])
+
+
+def with_watermark(cfg: Config, watermark: str) -> Config:
+    """``cfg`` with ``source.mysql.incremental_watermark`` set."""
+    mysql = cfg.source.mysql.model_copy(update={"incremental_watermark": watermark})
+    return cfg.model_copy(update={"source": cfg.source.model_copy(update={"mysql": mysql})})
 
 
 async def connect(server: MariaDBServer, db: str) -> aiomysql.Connection:
@@ -110,12 +123,13 @@ def marks(items: list[Item], kind: MarkKind) -> list[Mark]:
     return [i for i in items if isinstance(i, Mark) and i.kind is kind]
 
 
+@WATERMARKS
 async def test_incremental_snapshot_under_a_concurrent_workload_equals_the_source(
         maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
-        sql: Callable[..., list[Any]]) -> None:
+        sql: Callable[..., list[Any]], watermark: str) -> None:
     sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))", "CREATE TABLE s (id int PRIMARY KEY)",
         f"INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_{ROWS}")
-    cfg = make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 150})
+    cfg = with_watermark(make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 150}), watermark)
     chunk_deletes: list[int] = []
     async with Driver(cfg) as d:
         src = d.source
@@ -153,6 +167,7 @@ async def test_incremental_snapshot_under_a_concurrent_workload_equals_the_sourc
             fixer.close()
         await catch_up(d, maria_server, maria_db, got)
         progress = src.snapshot_progress()
+    assert src._chunks.strategy == watermark
     assert min(counts.get(op, 0) for op in ("insert", "update", "rekey", "delete")) > 20, counts
     assert len(chunk_deletes) >= 10
     chunks = marks(got, MarkKind.INCREMENTAL_CHUNK)
@@ -168,12 +183,108 @@ async def test_incremental_snapshot_under_a_concurrent_workload_equals_the_sourc
     assert progress[0]["state"] == "done" and progress[0]["chunks"] == len(chunks)
 
 
-async def test_an_idle_binlog_still_delivers_the_chunks_and_a_restart_resumes(
+@WATERMARKS
+async def test_changes_committed_after_the_reads_snapshot_began_supersede_its_rows(
         maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
-        sql: Callable[..., list[Any]]) -> None:
+        sql: Callable[..., list[Any]], watermark: str) -> None:
+    """Once a chunk's snapshot is open (before its SELECT) another connection deletes one row of the chunk and
+    changes another: the read cannot see either, so both changes must lie after the chunk's LW and supersede its
+    rows. A bracketing LW read after the read's start would put them before it: the deleted row would come back
+    and the changed one keep its old value."""
     sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))", "CREATE TABLE s (id int PRIMARY KEY)",
         "INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_1000")
-    cfg = make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 100})
+    cfg = with_watermark(make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 100}), watermark)
+    hidden: list[tuple[int, int, int]] = []  # (chunk, deleted id, changed id)
+    async with Driver(cfg) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+        other = await connect(maria_server, maria_db)
+
+        async def change_unseen(job: SnapshotJob) -> None:
+            after = int(job.last_key[0]) if job.last_key else 0
+            async with other.cursor() as cur:
+                await cur.execute("SELECT id FROM t WHERE id > %s ORDER BY id LIMIT 2", (after,))
+                ids = [r[0] for r in await cur.fetchall()]
+                if len(ids) == 2:
+                    await cur.execute("DELETE FROM t WHERE id = %s", (ids[0],))
+                    await cur.execute("UPDATE t SET v = -v, pad = 'unseen' WHERE id = %s", (ids[1],))
+                    hidden.append((job.chunks, ids[0], ids[1]))
+
+        src._chunks.before_select = change_unseen
+        got: list[Item] = []
+        try:
+            await catch_up(d, maria_server, maria_db, got)
+            src.request_snapshot(f"{maria_db}.t")
+            got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=120)
+            await catch_up(d, maria_server, maria_db, got)
+        finally:
+            other.close()
+    assert src._chunks.strategy == watermark
+    assert len(hidden) == 10, hidden  # one pair in each of the ten full chunks (the eleventh is empty)
+    chunk_lw = [MySqlPosition.at(m.detail["lw"]["file"], m.detail["lw"]["pos"])
+                for m in marks(got, MarkKind.INCREMENTAL_CHUNK)]
+    for chunk, deleted, changed in hidden:
+        for key, op in ((deleted, "d"), (changed, "u")):
+            ev = [e for e in got if isinstance(e, ChangeEvent) and e.table.name == "t" and e.key == (key,)
+                  and e.op.value == op and not e.snapshot]
+            assert len(ev) == 1
+            lw = chunk_lw[chunk]
+            assert (ev[0].position.file_index, ev[0].position.pos) >= (lw.file_index, lw.pos), \
+                f"chunk {chunk}: a change its read could not see ({ev[0].position}) lies before its LW ({lw})"
+    rows = {e.key for e in got if isinstance(e, ChangeEvent) and e.snapshot}
+    assert not rows & {(k,) for _, k, _ in hidden}, "a row deleted before the read's SELECT came back"
+    assert not rows & {(k,) for _, _, k in hidden}, "a chunk row its read saw stale was not superseded"
+    mirror = replay(got)
+    assert mirror == await source_rows(maria_server, maria_db)
+    assert all(mirror[(k,)]["pad"] == "unseen" for _, _, k in hidden)
+
+
+async def test_the_bracketing_fence_waits_for_the_binlog_reader_to_reach_the_low_watermark(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    """The binlog reader is held back (nothing is pulled while one transaction of 30,000 rows fills its
+    hand-over queue): the chunk's snapshot must not begin before the reader has read up to the chunk's LW, or a
+    transaction just before the LW could be one whose engine commit has not run. Without the fence the snapshot
+    would begin while the reader is still inside that transaction."""
+    sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))", "CREATE TABLE s (id int PRIMARY KEY)",
+        "INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_300")
+    cfg = with_watermark(make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 100}), "bracketing")
+    began: list[tuple[int, tuple[str, int] | None]] = []  # (chunk, where the binlog reader was) at each snapshot
+    async with Driver(cfg) as d:
+        src = d.source
+        assert isinstance(src, MySqlSource)
+
+        async def note(job: SnapshotJob) -> None:
+            reader = src._stream.reader
+            began.append((job.chunks, reader.read_upto if reader is not None else None))
+
+        src._chunks.before_select = note
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        sql("INSERT INTO s SELECT seq FROM seq_1000001_to_1030000")  # more items than the hand-over queue holds
+        src.request_snapshot(f"{maria_db}.t")
+        await wait_for(lambda: bool(began) or src._chunks.waiting == "binlog reader",
+                       "the first chunk read under way while nothing is pulled")
+        assert not began, "the first chunk's snapshot began while the binlog reader was held back"
+        got += await d.take(lambda items: bool(items) and isinstance(items[-1], Mark)
+                            and items[-1].kind is MarkKind.INCREMENTAL_DONE, timeout=120)
+        await catch_up(d, maria_server, maria_db, got)
+    lws = [m.detail["lw"] for m in marks(got, MarkKind.INCREMENTAL_CHUNK)]
+    assert len(began) == len(lws) == 4
+    for chunk, upto in began:
+        assert upto is not None
+        at, lw = MySqlPosition.at(*upto), MySqlPosition.at(lws[chunk]["file"], lws[chunk]["pos"])
+        assert (at.file_index, at.pos) >= (lw.file_index, lw.pos), f"chunk {chunk}: reader at {upto}, LW {lw}"
+    assert replay(got) == await source_rows(maria_server, maria_db)
+
+
+@WATERMARKS
+async def test_an_idle_binlog_still_delivers_the_chunks_and_a_restart_resumes(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]], watermark: str) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))", "CREATE TABLE s (id int PRIMARY KEY)",
+        "INSERT INTO t SELECT seq, seq, 'p' FROM seq_1_to_1000")
+    cfg = with_watermark(make_config(["t", "s"], snapshot={"mode": "never", "chunk_rows": 100}), watermark)
     async with Driver(cfg) as d:
         got: list[Item] = []
         await catch_up(d, maria_server, maria_db, got)
