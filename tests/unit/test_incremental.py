@@ -7,7 +7,16 @@ import asyncio
 import pyarrow as pa
 import pytest
 
-from cdcd.capture.incremental import Chunk, SnapshotJob, Window, check_table, fold_incremental, jobs_from_state
+from cdcd.capture.incremental import (
+    Chunk,
+    SnapshotJob,
+    Window,
+    check_table,
+    fold_incremental,
+    jobs_from_state,
+    rows_with,
+    stale_from_state,
+)
 from cdcd.errors import ConfigError
 from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import PgPosition
@@ -17,10 +26,10 @@ T = TableId("public", "t")
 SCHEMA = TableSchema(T, (Column("id", pa.int64(), "int8"), Column("v", pa.int64(), "int8")), ("id",))
 
 
-def ev(op: Op, lsn: int, tx: str, key: int, old: int | None = None) -> ChangeEvent:
+def ev(op: Op, lsn: int, tx: str, key: int, old: int | None = None, unavailable: tuple[str, ...] = ()) -> ChangeEvent:
     after = None if op is Op.DELETE else {"id": key, "v": 0}
     before = {"id": key if old is None else old} if op is not Op.CREATE else None
-    return ChangeEvent(op, SCHEMA, PgPosition(lsn, 1), before, after, tx)
+    return ChangeEvent(op, SCHEMA, PgPosition(lsn, 1), before, after, tx, unavailable=unavailable)
 
 
 def chunk(lw: int, hw: int, invisible: set[str] = frozenset()) -> Chunk:  # type: ignore[assignment]
@@ -93,3 +102,54 @@ def test_chunk_event_is_per_chunk() -> None:
     a, b = chunk(1, 2), chunk(1, 2)
     a.emitted.set()
     assert not b.emitted.is_set() and isinstance(a.emitted, asyncio.Event)
+
+
+def test_changes_that_lack_a_column_mark_their_new_key_partial_when_they_supersede() -> None:
+    w = Window(T)
+    w.record(ev(Op.UPDATE, 50, "1", 1, unavailable=("v",)))  # before the LW, seen by the read: the row has it
+    w.record(ev(Op.UPDATE, 60, "2", 2, unavailable=("v",)))  # unseen by the read
+    w.record(ev(Op.UPDATE, 150, "3", 3, unavailable=("v",)))
+    w.record(ev(Op.UPDATE, 160, "4", 40, old=4, unavailable=("v",)))  # a key change: the new key only
+    w.record(ev(Op.UPDATE, 170, "5", 5))  # carries every column
+    c = chunk(100, 200, {"2"})
+    assert w.partial(c) == {(2,), (3,), (40,)}
+    assert w.touched(c) == ({(2,), (3,), (40,), (4,), (5,)}, False)
+    data = pa.table({"id": pa.array([1, 2, 3, 7], pa.int64()), "v": pa.array([0] * 4, pa.int64())})
+    assert rows_with(data, ("id",), w.partial(c)) == {(2,), (3,)}
+    assert rows_with(data.slice(0, 0), ("id",), {(2,)}) == set()
+
+
+def test_fold_keeps_the_keys_to_read_again_until_a_chunk_settles_them() -> None:
+    lw = PgPosition(100, 0)
+    state: dict[str, object] = {}
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_START, lw, {"table": "public.t", "where": None}))
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_REREAD, lw, {"table": "public.t", "keys": [["-2"]]}))
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_CHUNK, PgPosition(200, 0), {
+        "table": "public.t", "last_key": ["10"], "rows": 8, "lw": lw.to_json(), "reread": [["1"], ["-2"]]}))
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_REREAD, lw, {"table": "public.t", "keys": [["-7"], ["1"]]}))
+    assert state["incremental"]["public.t"]["reread"] == [["1"], ["-2"], ["-7"]]  # type: ignore[index]
+    (job,) = jobs_from_state(state, [T])
+    assert job.reread == {("1",): ["1"], ("-2",): ["-2"], ("-7",): ["-7"]} and job.last_key == ["10"]
+    assert job.progress()["reread"] == 3
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_CHUNK, PgPosition(300, 0), {
+        "table": "public.t", "last_key": ["10"], "rows": 2, "lw": lw.to_json(), "reread": []}))
+    assert "reread" not in state["incremental"]["public.t"]  # type: ignore[index]
+    assert jobs_from_state(state, [T])[0].reread == {}
+
+
+def test_fold_keeps_a_replaced_table_until_a_snapshot_begun_after_it_completes() -> None:
+    at = PgPosition(100, 0)
+    state: dict[str, object] = {}
+    t = {"table": "public.t"}
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_START, at, {**t, "where": None}))  # before the flag
+    fold_incremental(state, Mark(MarkKind.TABLE_REPLACED, at, {**t, "why": "dropped"}))
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, at, t))
+    assert state["tables_needing_snapshot"] == {"public.t": "dropped"}
+    assert stale_from_state(state["tables_needing_snapshot"]) == {T: "dropped"}  # type: ignore[arg-type]
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_START, at, {**t, "where": None, "repairs": True}))
+    assert jobs_from_state(state, [T])[0].repairs
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, at, {**t, "failed": "gone"}))
+    assert state["tables_needing_snapshot"] == {"public.t": "dropped"}
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_START, at, {**t, "where": None, "repairs": True}))
+    fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, at, t))
+    assert "tables_needing_snapshot" not in state
