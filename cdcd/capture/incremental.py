@@ -54,6 +54,7 @@ class SnapshotJob:
     # in a chunk's window took the key without carrying every column (unchanged TOAST)
     reread: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
     repairs: bool = False  # a whole-table snapshot begun after its table was flagged replaced: its end clears it
+    range_done: bool = False  # the key range ended (only re-read rounds are left): every key not in reread is whole
 
     def progress(self) -> dict[str, Any]:
         return {"table": str(self.table), "where": self.where, "state": self.state, "chunks": self.chunks,
@@ -226,7 +227,7 @@ class Incremental:
                 if j.table not in held and j.state in ("queued", "running")]
         for j in keep:
             j.last_key, j.rows, j.chunks, j.below, j.state, j.started = None, 0, 0, None, "queued", False
-            j.reread = {}
+            j.reread, j.range_done = {}, False
         self.jobs = collections.deque([*jobs, *keep])
         self.current, self.window, self.pending, self._error = None, None, None, None
         self._wake.set()
@@ -354,9 +355,13 @@ class Incremental:
     def _reread_moved(self, ev: ChangeEvent, out: list[Item]) -> list[Item]:
         """A key change that did not carry every column: the new key keeps the old key's values in the mirror,
         which may have none yet (a key not read so far, or one waiting for its re-read). Read the new key again;
-        the mark goes before the change, so a checkpoint that holds the change holds the key too."""
-        job, key = self.current, ev.key
-        if job is None or self.key_json is None or key is None:
+        the mark goes before the change, so a checkpoint that holds the change holds the key too. Once the range
+        ended, only a key moved from one waiting for its re-read needs it (every other key is whole): re-read
+        rounds then end even while keys keep changing."""
+        job, key, old = self.current, ev.key, ev.before_key
+        if job is None or self.key_json is None or key is None or old is None:
+            return []
+        if job.range_done and tuple(self.key_json(ev.schema, old)) not in job.reread:
             return []
         text = self.key_json(ev.schema, key)
         if tuple(text) in job.reread:
@@ -416,6 +421,7 @@ class Incremental:
             "reread": list(job.reread.values())}))
         # The range ended: done once no key waits for its re-read (else re-read rounds follow, each reading the
         # range's end again, which finds the rows inserted past it meanwhile)
+        job.range_done = job.range_done or chunk.last
         chunk.done = chunk.last and not job.reread
         if chunk.done:
             if job.where is None:
