@@ -261,8 +261,11 @@ class Incremental:
         self._wake.set()
 
     def cancel(self, tables: set[TableId], why: str) -> None:
-        """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled. Called in
-        the chunk task between chunks (``submit``), so no chunk of it is pending."""
+        """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled, their
+        replaced flags go (the TABLES mark drops them from the checkpoint). Called in the chunk task between chunks
+        (``submit``), so no chunk of it is pending."""
+        for t in tables:
+            self.stale.pop(t, None)
         gone = [j for j in self.jobs if j.table in tables]
         self.jobs = collections.deque(j for j in self.jobs if j.table not in tables)
         job = self.current
@@ -598,6 +601,11 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
         state["tables"] = list(mark.detail["tables"])
         if queued:
             state["incremental_queued"] = [q for q in queued if q["table"] in state["tables"]]
+        stale = {t: why for t, why in (state.get("tables_needing_snapshot") or {}).items() if t in state["tables"]}
+        if stale:
+            state["tables_needing_snapshot"] = stale
+        else:
+            state.pop("tables_needing_snapshot", None)
         return
     table = mark.detail["table"]
     if kind is MarkKind.TABLE_REPLACED:
@@ -671,7 +679,7 @@ def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[S
     return out
 
 
-def stale_from_state(stale: Mapping[str, str]) -> dict[TableId, str]:
-    """The checkpoint's replaced tables (``tables_needing_snapshot``, a source state's ``stale``) for
-    ``Incremental.resume``."""
-    return {TableId.parse(name): why for name, why in stale.items()}
+def stale_from_state(stale: Mapping[str, str], captured: list[TableId]) -> dict[TableId, str]:
+    """The checkpoint's replaced tables (``tables_needing_snapshot``, a source state's ``stale``) that are still
+    captured, for ``Incremental.resume``."""
+    return {t: why for t, why in ((TableId.parse(name), why) for name, why in stale.items()) if t in captured}

@@ -145,11 +145,17 @@ def test_fold_keeps_a_replaced_table_until_a_snapshot_begun_after_it_completes()
     fold_incremental(state, Mark(MarkKind.TABLE_REPLACED, at, {**t, "why": "dropped"}))
     fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, at, t))
     assert state["tables_needing_snapshot"] == {"public.t": "dropped"}
-    assert stale_from_state(state["tables_needing_snapshot"]) == {T: "dropped"}  # type: ignore[arg-type]
+    assert stale_from_state(state["tables_needing_snapshot"], [T]) == {T: "dropped"}  # type: ignore[arg-type]
+    assert stale_from_state(state["tables_needing_snapshot"], []) == {}  # type: ignore[arg-type]
     fold_incremental(state, Mark(MarkKind.INCREMENTAL_START, at, {**t, "where": None, "repairs": True}))
     assert jobs_from_state(state, [T])[0].repairs
     fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, at, {**t, "failed": "gone"}))
     assert state["tables_needing_snapshot"] == {"public.t": "dropped"}
     fold_incremental(state, Mark(MarkKind.INCREMENTAL_START, at, {**t, "where": None, "repairs": True}))
     fold_incremental(state, Mark(MarkKind.INCREMENTAL_DONE, at, t))
+    assert "tables_needing_snapshot" not in state
+    fold_incremental(state, Mark(MarkKind.TABLE_REPLACED, at, {**t, "why": "again"}))
+    fold_incremental(state, Mark(MarkKind.TABLES, at, {"tables": ["public.t", "public.u"]}))
+    assert state["tables_needing_snapshot"] == {"public.t": "again"}
+    fold_incremental(state, Mark(MarkKind.TABLES, at, {"tables": ["public.u"]}))  # no longer captured
     assert "tables_needing_snapshot" not in state

@@ -195,7 +195,8 @@ class MySqlSource(Source):
                 or MySqlPosition.epoch_start(self._epoch, "")
             marks, jobs = plan_tables(resume.state or {}, sorted(self.tables), fresh, at, log)
             # the checkpoint's replaced tables stay listed (a fresh snapshot reads every table: none stands)
-            self._incr.resume(jobs, None if fresh else stale_from_state(MySqlState.parse(resume.state or {}).stale))
+            stale = MySqlState.parse(resume.state or {}).stale
+            self._incr.resume(jobs, None if fresh else stale_from_state(stale, sorted(self.tables)))
             if snapshot is not None and snapshot.fresh:
                 snapshot.then = marks  # after the snapshot's start, at its watermark
             else:

@@ -191,7 +191,7 @@ class PostgresSource(Source):
         fresh = self._start_mark is not None  # a first start or a new snapshot: every table is in it
         marks, jobs = plan_tables(state, self._tables, fresh, self._last_position(), log)
         # a fresh start snapshots every table: no flag of the old state stands
-        self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale))
+        self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale, self._tables))
         self._incr.dropped = set()
         if fresh:  # the start mark carries the table list (``_begin``); nothing else is due
             return []
