@@ -349,8 +349,8 @@ class Incremental:
             window = self.window
             if window is not None and table == window.table:
                 window.record(item)
-                if item.unavailable and item.before_key is not None:
-                    out.extend(self._reread_moved(item, out))
+            if item.unavailable and item.before_key is not None and self.key_json is not None:
+                out.extend(self._reread_moved(item, out))
         if type(item) is not Mark or item.kind not in (MarkKind.IDENTITY, MarkKind.WATERMARK):
             self._delivered = item.position
         return out, True
@@ -360,8 +360,11 @@ class Incremental:
         which may have none yet (a key not read so far, or one waiting for its re-read). Read the new key again;
         the mark goes before the change, so a checkpoint that holds the change holds the key too. Once the range
         ended, only a key moved from one waiting for its re-read needs it (every other key is whole): re-read
-        rounds then end even while keys keep changing."""
+        rounds then end even while keys keep changing. A started job waiting for its turn (resumed after a
+        restart, before its first LW) needs it too: the keys it delivered before are in the mirror."""
         job, key, old = self.current, ev.key, ev.before_key
+        if job is None or job.table != ev.table:
+            job = next((j for j in self.jobs if j.started and j.table == ev.table), None)
         if job is None or self.key_json is None or key is None or old is None:
             return []
         if job.range_done and tuple(self.key_json(ev.schema, old)) not in job.reread:
