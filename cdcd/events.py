@@ -217,6 +217,10 @@ class MarkKind(enum.StrEnum):
     INCREMENTAL_START = "incremental_start"  # a table's incremental snapshot begins (detail: table, where)
     INCREMENTAL_CHUNK = "incremental_chunk"  # a chunk's rows are delivered (table, last_key, rows, lw)
     INCREMENTAL_DONE = "incremental_done"  # the table's last chunk is delivered (table)
+    # keys an incremental snapshot must read again (table, keys): a key change that did not carry every column
+    INCREMENTAL_REREAD = "incremental_reread"
+    # a captured table was dropped and re-created (table, why): listed until a whole-table re-snapshot completes
+    TABLE_REPLACED = "table_replaced"
     WATERMARK = "watermark"  # an idle binlog reached an incremental snapshot chunk's high watermark (nothing to fold)
     TABLES = "tables"  # the captured table list changed (detail: tables): what a restart compares source.tables to
 

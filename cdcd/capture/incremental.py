@@ -5,12 +5,15 @@ makes a low watermark (LW), reads the chunk, makes a high watermark (HW) and say
 chunk's read did not see. The coordinator records every streamed change of the table being snapshotted
 (``Window``); when the stream reaches the HW it emits the chunk's rows that no recorded change touched (either
 image: the old key of a key change too) as ``r`` rows at the HW's position, so they sort after everything the
-read saw and before every later change. A touched key's state comes from the stream instead. The proof
-sketch, the latency bound and the checkpointed progress are in docs/runtime.md ("Incremental snapshots").
+read saw and before every later change. A touched key's state comes from the stream instead, unless a change
+that took it did not carry every column (PostgreSQL's unchanged TOAST: ``unavailable``): such a key is read
+again (``SnapshotJob.reread``) with a later chunk, or in re-read rounds of their own after the last chunk,
+until a read of it has no such change in its window. The proof sketch, the latency bound and the
+checkpointed progress are in docs/runtime.md ("Incremental snapshots").
 
 Progress reaches the checkpoint through Marks (``INCREMENTAL_START``, ``INCREMENTAL_CHUNK``,
-``INCREMENTAL_DONE``, ``TABLES``) that every source folds with ``fold_incremental``; a restart resumes after
-the last chunk the checkpoint holds.
+``INCREMENTAL_REREAD``, ``INCREMENTAL_DONE``, ``TABLES``, ``TABLE_REPLACED``) that every source folds with
+``fold_incremental``; a restart resumes after the last chunk the checkpoint holds, with its re-read keys.
 """
 
 from __future__ import annotations
@@ -47,10 +50,15 @@ class SnapshotJob:
     state: str = "queued"  # queued | running | done | failed | cancelled | replaced
     started: bool = False  # its INCREMENTAL_START is in the stream (or in the checkpoint already)
     error: str | None = None
+    # Keys to read again (the source's key form, as ``last_key``), each as its tuple -> its JSON list: a change
+    # in a chunk's window took the key without carrying every column (unchanged TOAST)
+    reread: dict[tuple[Any, ...], list[Any]] = field(default_factory=dict)
+    repairs: bool = False  # a whole-table snapshot begun after its table was flagged replaced: its end clears it
+    range_done: bool = False  # the key range ended (only re-read rounds are left): every key not in reread is whole
 
     def progress(self) -> dict[str, Any]:
         return {"table": str(self.table), "where": self.where, "state": self.state, "chunks": self.chunks,
-                "rows": self.rows, "last_key": self.last_key, "error": self.error}
+                "rows": self.rows, "last_key": self.last_key, "reread": len(self.reread), "error": self.error}
 
 
 @dataclass
@@ -66,14 +74,20 @@ class Chunk:
     hw: Position
     last: bool  # fewer rows than asked for: the table (or the WHERE range) ends here
     invisible: Callable[[str | None], bool]  # True for a transaction (id as streamed) the read did not see
+    # the job's re-read keys this read also asked for (by key, in the same snapshot; ``data`` holds the rows found
+    # and never twice a row of the chunk's own range)
+    reread: list[list[Any]] = field(default_factory=list)
     emitted: asyncio.Event = field(default_factory=asyncio.Event)
+    done: bool = False  # set when delivered: the job's last chunk (its range ended and nothing is left to re-read)
 
 
 class ChunkReader(Protocol):
     """A source's part: watermarks and key-ordered chunk reads that write nothing to the source's tables."""
 
     async def read(self, job: SnapshotJob, limit: int) -> Chunk:
-        """LW, the chunk after ``job.last_key`` (at most ``limit`` rows, matching ``job.where``), HW."""
+        """LW, the chunk after ``job.last_key`` (at most ``limit`` rows, matching ``job.where``), HW. A reader
+        that re-reads (``Incremental.key_json`` set) also reads up to ``limit`` of ``job.reread`` by key in the
+        same snapshot and names them in ``Chunk.reread``."""
         ...
 
     def poke(self, chunk: Chunk) -> None:
@@ -98,25 +112,27 @@ class Window:
 
     def __init__(self, table: TableId) -> None:
         self.table = table
-        self._seen: list[tuple[Position, str | None, tuple[Any, ...] | None]] = []  # key None: a truncate
+        # (position, transaction, key, partial): key None is a truncate; partial, a change that left the key
+        # without some column's value (``unavailable``)
+        self._seen: list[tuple[Position, str | None, tuple[Any, ...] | None, bool]] = []
 
     def record(self, ev: ChangeEvent) -> None:
         if ev.op is Op.TRUNCATE:
-            self._seen.append((ev.position, ev.tx_id, None))
+            self._seen.append((ev.position, ev.tx_id, None, False))
             return
         key = ev.key
         if key is not None:
-            self._seen.append((ev.position, ev.tx_id, key))
+            self._seen.append((ev.position, ev.tx_id, key, bool(ev.unavailable)))
         old = ev.before_key
         if old is not None:
-            self._seen.append((ev.position, ev.tx_id, old))
+            self._seen.append((ev.position, ev.tx_id, old, False))
 
     def touched(self, chunk: Chunk) -> tuple[set[tuple[Any, ...]], bool]:
         """Keys a change after the LW (or one the read did not see) touched; True when a truncate did."""
         keys: set[tuple[Any, ...]] = set()
         truncated = False
         lw, invisible = chunk.lw, chunk.invisible
-        for pos, tx, key in self._seen:
+        for pos, tx, key, _partial in self._seen:
             if pos > lw or invisible(tx):  # type: ignore[operator]
                 if key is None:
                     truncated = True
@@ -124,11 +140,27 @@ class Window:
                     keys.add(key)
         return keys, truncated
 
+    def partial(self, chunk: Chunk) -> set[tuple[Any, ...]]:
+        """Keys a change after the LW (or one the read did not see) left without some column's value: the
+        stream cannot give their whole row where the mirror has none to keep the value from."""
+        lw, invisible = chunk.lw, chunk.invisible
+        return {key for pos, tx, key, partial in self._seen
+                if partial and key is not None and (pos > lw or invisible(tx))}  # type: ignore[operator]
+
     def prune(self, chunk: Chunk) -> None:
         """Forget what no later chunk can need: changes before this HW that this chunk's read saw (a later
         read, with a later snapshot and a later LW, sees them too)."""
         hw, invisible = chunk.hw, chunk.invisible
         self._seen = [s for s in self._seen if s[0] > hw or invisible(s[1])]  # type: ignore[operator]
+
+
+def rows_with(data: pa.Table, key: tuple[str, ...], keys: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+    """The members of ``keys`` that are keys of rows of ``data``."""
+    mask = keep_mask(data, key, keys)
+    if mask is None:
+        return set()
+    hit = data.filter(pc.invert(mask))
+    return {tuple(v) for v in zip(*(hit.column(k).to_pylist() for k in key), strict=True)} & keys
 
 
 def keep_mask(data: pa.Table, key: tuple[str, ...], touched: set[tuple[Any, ...]]) -> pa.Array | None:
@@ -170,16 +202,23 @@ class Incremental:
         self._task: asyncio.Task[None] | None = None
         self.last: Callable[[], Position | None] = lambda: None  # the coordinator's last delivered position
         # Tables whose mirror a re-snapshot must repair (dropped and re-created under the same name): table ->
-        # why. The stream goes on; /status lists them until `cdcd snapshot TABLE` is asked for them.
+        # why. The stream goes on; /status lists them until a whole-table snapshot begun after the flag completes.
+        # The checkpoint keeps them (TABLE_REPLACED; ``stale_from_state`` at connect).
         self.stale: dict[TableId, str] = {}
+        #: The source's key form of a landed key (as ``SnapshotJob.last_key``), used to read keys again; None: the
+        #: source's reader cannot re-read keys, and a key whose superseding change lacked a column keeps the gap.
+        self.key_json: Callable[[TableSchema, tuple[Any, ...]], list[Any]] | None = None
         #: A source's reading of a DDL/schema mark: the table it replaced and why (MariaDB's binlog DDL).
         self.replaced: Callable[[Mark], tuple[TableId, str] | None] = lambda mark: None
 
     # -- what the source asks for ---------------------------------------------------------------
 
-    def resume(self, jobs: list[SnapshotJob]) -> None:
+    def resume(self, jobs: list[SnapshotJob], stale: Mapping[TableId, str] | None = None) -> None:
         """The checkpoint's running jobs (already started), then the jobs of this process the checkpoint does
-        not hold yet (their uncommitted progress is read again)."""
+        not hold yet (their uncommitted progress is read again). ``stale``: the checkpoint's replaced tables
+        (kept with those this process flagged since)."""
+        if stale:
+            self.stale = {**stale, **self.stale}
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()  # a reconnect: the old run's stream is gone (its connections are closed by terminate)
@@ -188,14 +227,13 @@ class Incremental:
                 if j.table not in held and j.state in ("queued", "running")]
         for j in keep:
             j.last_key, j.rows, j.chunks, j.below, j.state, j.started = None, 0, 0, None, "queued", False
+            j.reread, j.range_done = {}, False
         self.jobs = collections.deque([*jobs, *keep])
         self.current, self.window, self.pending, self._error = None, None, None, None
         self._wake.set()
 
     def request(self, table: TableId, where: str | None) -> None:
         """Queue a snapshot of ``table`` (a running or queued one of the same table is replaced at its start)."""
-        if where is None:
-            self.stale.pop(table, None)  # the whole table is read again: its mirror is repaired (SNAPSHOT_COVERED)
         self.jobs.append(SnapshotJob(table, where))
         at = self.last()
         if at is not None:  # durable once committed: a restart runs it (``fold_incremental``, "queued")
@@ -204,11 +242,14 @@ class Incremental:
         self._wake.set()
 
     def mark_stale(self, table: TableId, why: str) -> None:
-        """``table`` was dropped and re-created (or replaced): log it once, list it in /status until a
-        whole-table re-snapshot is requested."""
+        """``table`` was dropped and re-created (or replaced): log it once, list it in /status (and keep it in
+        the checkpoint) until a whole-table re-snapshot begun after it completes."""
         if table in self.stale:
             return
         self.stale[table] = why
+        at = self.last()
+        if at is not None:
+            self._out.append(Mark(MarkKind.TABLE_REPLACED, at, {"table": str(table), "why": why}))
         self._log.error(f"table {table} was replaced on the source: {why}; its mirror may keep rows of the old table "
                         f"and miss rows of the new one. The other tables go on streaming. Fix: `cdcd snapshot -c "
                         f"CONFIG {table}` (a whole-table incremental snapshot; the consumer then drops the old rows)",
@@ -220,8 +261,11 @@ class Incremental:
         self._wake.set()
 
     def cancel(self, tables: set[TableId], why: str) -> None:
-        """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled. Called in
-        the chunk task between chunks (``submit``), so no chunk of it is pending."""
+        """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled, their
+        replaced flags go (the TABLES mark drops them from the checkpoint). Called in the chunk task between chunks
+        (``submit``), so no chunk of it is pending."""
+        for t in tables:
+            self.stale.pop(t, None)
         gone = [j for j in self.jobs if j.table in tables]
         self.jobs = collections.deque(j for j in self.jobs if j.table not in tables)
         job = self.current
@@ -282,6 +326,10 @@ class Incremental:
         if self._error is not None:
             err, self._error = self._error, None
             raise err
+        if type(item) is Mark and item.kind in (MarkKind.DDL, MarkKind.SCHEMA):
+            hit = self.replaced(item)
+            if hit is not None:  # its TABLE_REPLACED goes before the DDL: a restart after it cannot miss the flag
+                self.mark_stale(*hit)
         out: list[Item] = []
         if self._out:
             out, self._out = self._out, []
@@ -294,10 +342,6 @@ class Incremental:
             if self._delivered is not None and self._delivered > at:  # type: ignore[operator]
                 at = self._delivered
             out.extend(self._finish(pending, at))
-        if type(item) is Mark and item.kind in (MarkKind.DDL, MarkKind.SCHEMA):
-            hit = self.replaced(item)
-            if hit is not None:
-                self.mark_stale(*hit)
         if isinstance(item, ChangeEvent) and not item.snapshot:
             table = item.schema.table
             if table in self.dropped:
@@ -305,9 +349,51 @@ class Incremental:
             window = self.window
             if window is not None and table == window.table:
                 window.record(item)
+            if item.unavailable and item.before_key is not None and self.key_json is not None:
+                out.extend(self._reread_moved(item, out))
         if type(item) is not Mark or item.kind not in (MarkKind.IDENTITY, MarkKind.WATERMARK):
             self._delivered = item.position
         return out, True
+
+    def _reread_moved(self, ev: ChangeEvent, out: list[Item]) -> list[Item]:
+        """A key change that did not carry every column: the new key keeps the old key's values in the mirror,
+        which may have none yet (a key not read so far, or one waiting for its re-read). Read the new key again;
+        the mark goes before the change, so a checkpoint that holds the change holds the key too. Once the range
+        ended, only a key moved from one waiting for its re-read needs it (every other key is whole): re-read
+        rounds then end even while keys keep changing. A started job waiting for its turn (resumed after a
+        restart, before its first LW) needs it too: the keys it delivered before are in the mirror."""
+        job, key, old = self.current, ev.key, ev.before_key
+        if job is None or job.table != ev.table:
+            job = next((j for j in self.jobs if j.started and j.table == ev.table), None)
+        if job is None or self.key_json is None or key is None or old is None:
+            return []
+        if job.range_done and tuple(self.key_json(ev.schema, old)) not in job.reread:
+            return []
+        text = self.key_json(ev.schema, key)
+        if tuple(text) in job.reread:
+            return []
+        job.reread[tuple(text)] = text
+        at = out[-1].position if out else self._delivered if self._delivered is not None else self.last()
+        if at is None:
+            return []
+        return [Mark(MarkKind.INCREMENTAL_REREAD, at, {"table": str(job.table), "keys": [text]})]
+
+    def _rereads(self, chunk: Chunk) -> None:
+        """The job's re-read keys after ``chunk``: the ones it read are settled, unless a change in its window
+        left them without a column; so is every row of the chunk such a change took."""
+        job, window = chunk.job, self.window
+        assert window is not None and self.key_json is not None
+        read = {tuple(k) for k in chunk.reread}
+        for k in read:
+            job.reread.pop(k, None)
+        partial = window.partial(chunk)
+        if not partial:
+            return
+        found = rows_with(chunk.data, chunk.schema.key, partial)
+        for key in partial:
+            text = self.key_json(chunk.schema, key)
+            if key in found or tuple(text) in read:
+                job.reread.setdefault(tuple(text), text)
 
     def _finish(self, chunk: Chunk, at: Position) -> list[Item]:
         """The chunk's rows no change after its LW touched, and its marks, at ``at`` (its HW or later)."""
@@ -315,6 +401,8 @@ class Incremental:
         job, window = chunk.job, self.window
         assert window is not None
         touched, truncated = window.touched(chunk)
+        if self.key_json is not None:
+            self._rereads(chunk)
         window.prune(chunk)
         data, texts = chunk.data, chunk.key_text
         if truncated:
@@ -335,10 +423,17 @@ class Incremental:
             job.below = chunk.lw
         table = str(job.table)
         out.append(Mark(MarkKind.INCREMENTAL_CHUNK, at, {
-            "table": table, "last_key": job.last_key, "rows": data.num_rows, "lw": chunk.lw.to_json()}))
-        if chunk.last:
+            "table": table, "last_key": job.last_key, "rows": data.num_rows, "lw": chunk.lw.to_json(),
+            "reread": list(job.reread.values())}))
+        # The range ended: done once no key waits for its re-read (else re-read rounds follow, each reading the
+        # range's end again, which finds the rows inserted past it meanwhile)
+        job.range_done = job.range_done or chunk.last
+        chunk.done = chunk.last and not job.reread
+        if chunk.done:
             if job.where is None:
                 out.append(Mark(MarkKind.SNAPSHOT_COVERED, at, {"table": table, "below": job.below}))
+                if job.repairs:
+                    self.stale.pop(job.table, None)
             out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": table}))
         chunk.emitted.set()
         return out
@@ -398,7 +493,7 @@ class Incremental:
                     await asyncio.wait_for(chunk.emitted.wait(), POKE_S)
                 except TimeoutError:
                     self.reader.poke(chunk)
-            if chunk.last:
+            if chunk.done:
                 job.state = "done"
                 self._log.info("incremental snapshot done", table=str(job.table), rows=job.rows,
                                chunks=job.chunks, where=job.where)
@@ -417,9 +512,13 @@ class Incremental:
         job.state = "running"
         if not job.started:
             job.started = True
+            job.repairs = job.where is None and job.table in self.stale
             at = self.last()
             if at is not None:
-                self._out.append(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(job.table), "where": job.where}))
+                detail: dict[str, Any] = {"table": str(job.table), "where": job.where}
+                if job.repairs:
+                    detail["repairs"] = True
+                self._out.append(Mark(MarkKind.INCREMENTAL_START, at, detail))
         self._log.info("incremental snapshot started", table=str(job.table), where=job.where,
                        after=job.last_key)
 
@@ -485,16 +584,19 @@ def check_table(name: str, configured: list[TableId]) -> TableId:
 
 # -- the checkpoint's form, shared by every source's fold --------------------------------------------------
 
-INCREMENTAL_KINDS = (MarkKind.INCREMENTAL_START, MarkKind.INCREMENTAL_CHUNK, MarkKind.INCREMENTAL_DONE,
-                     MarkKind.TABLES)
+INCREMENTAL_KINDS = (MarkKind.INCREMENTAL_START, MarkKind.INCREMENTAL_CHUNK, MarkKind.INCREMENTAL_REREAD,
+                     MarkKind.INCREMENTAL_DONE, MarkKind.TABLES, MarkKind.TABLE_REPLACED)
 
 
 def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
     """Fold one incremental-snapshot Mark into the source state (``state`` is the fold's own copy).
 
-    ``state["incremental"]`` maps a table to ``{"where", "last_key", "rows", "chunks", "lw", "status"}``;
+    ``state["incremental"]`` maps a table to ``{"where", "last_key", "rows", "chunks", "lw", "status"}``, plus
+    ``"reread"`` (the keys waiting to be read again, when there are) and ``"repairs": true`` (a whole-table
+    snapshot begun after its table was flagged replaced);
     ``state["incremental_queued"]`` lists the requests not started yet (``{"table", "where"}``, in order);
-    ``state["tables"]`` is the captured table list (what a restart compares ``source.tables`` with).
+    ``state["tables"]`` is the captured table list (what a restart compares ``source.tables`` with);
+    ``state["tables_needing_snapshot"]`` maps a replaced table to why, until a repairing snapshot completes.
     """
     kind = mark.kind
     queued = list(state.get("incremental_queued") or [])
@@ -502,8 +604,17 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
         state["tables"] = list(mark.detail["tables"])
         if queued:
             state["incremental_queued"] = [q for q in queued if q["table"] in state["tables"]]
+        stale = {t: why for t, why in (state.get("tables_needing_snapshot") or {}).items() if t in state["tables"]}
+        if stale:
+            state["tables_needing_snapshot"] = stale
+        else:
+            state.pop("tables_needing_snapshot", None)
         return
     table = mark.detail["table"]
+    if kind is MarkKind.TABLE_REPLACED:
+        state["tables_needing_snapshot"] = {**(state.get("tables_needing_snapshot") or {}),
+                                            table: mark.detail["why"]}
+        return
     if kind is MarkKind.INCREMENTAL_START and mark.detail.get("queued"):
         state["incremental_queued"] = [*queued, {"table": table, "where": mark.detail.get("where")}]
         return
@@ -513,15 +624,24 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
             state["incremental_queued"] = [q for q in queued if q["table"] != table]
         jobs[table] = {"where": mark.detail.get("where"), "last_key": None, "rows": 0, "chunks": 0, "lw": None,
                        "status": "running"}
-    elif kind is MarkKind.INCREMENTAL_CHUNK:
+        if mark.detail.get("repairs"):
+            jobs[table]["repairs"] = True
+    elif kind in (MarkKind.INCREMENTAL_CHUNK, MarkKind.INCREMENTAL_REREAD):
         entry = jobs.get(table)
         if entry is None or entry.get("status") != "running":
             return  # a chunk of a job the checkpoint no longer runs (replaced, or the table was removed)
-        entry["last_key"] = mark.detail["last_key"]
-        entry["rows"] = int(entry.get("rows", 0)) + int(mark.detail["rows"])
-        entry["chunks"] = int(entry.get("chunks", 0)) + 1
-        if entry.get("lw") is None:
-            entry["lw"] = mark.detail["lw"]
+        if kind is MarkKind.INCREMENTAL_REREAD:
+            held = list(entry.get("reread") or [])
+            entry["reread"] = held + [k for k in mark.detail["keys"] if k not in held]
+        else:
+            entry["last_key"] = mark.detail["last_key"]
+            entry["rows"] = int(entry.get("rows", 0)) + int(mark.detail["rows"])
+            entry["chunks"] = int(entry.get("chunks", 0)) + 1
+            if entry.get("lw") is None:
+                entry["lw"] = mark.detail["lw"]
+            entry.pop("reread", None)
+            if mark.detail.get("reread"):
+                entry["reread"] = list(mark.detail["reread"])
         jobs[table] = entry
     elif kind is MarkKind.INCREMENTAL_DONE:
         entry = jobs.get(table)
@@ -531,6 +651,13 @@ def fold_incremental(state: dict[str, Any], mark: Mark) -> None:
         entry["status"] = "failed" if mark.detail.get("failed") else "cancelled" if why else "done"
         if why:
             entry["error"] = why
+        entry.pop("reread", None)
+        if entry.pop("repairs", False) and not why and state.get("tables_needing_snapshot"):
+            stale = dict(state["tables_needing_snapshot"])
+            stale.pop(table, None)
+            state["tables_needing_snapshot"] = stale
+            if not stale:
+                del state["tables_needing_snapshot"]
         jobs[table] = entry
     state["incremental"] = jobs
 
@@ -546,9 +673,16 @@ def jobs_from_state(state: Mapping[str, Any], captured: list[TableId]) -> list[S
         lw = entry.get("lw")
         out.append(SnapshotJob(table, entry.get("where"), entry.get("last_key"), int(entry.get("rows", 0)),
                                int(entry.get("chunks", 0)), position_from_json(lw) if lw else None,
-                               "queued", True))
+                               "queued", True, reread={tuple(k): list(k) for k in entry.get("reread") or []},
+                               repairs=bool(entry.get("repairs"))))
     for q in state.get("incremental_queued") or []:  # requested, not started: they start from the beginning
         table = TableId.parse(q["table"])
         if table in captured:
             out.append(SnapshotJob(table, q.get("where")))
     return out
+
+
+def stale_from_state(stale: Mapping[str, str], captured: list[TableId]) -> dict[TableId, str]:
+    """The checkpoint's replaced tables (``tables_needing_snapshot``, a source state's ``stale``) that are still
+    captured, for ``Incremental.resume``."""
+    return {t: why for t, why in ((TableId.parse(name), why) for name, why in stale.items()) if t in captured}

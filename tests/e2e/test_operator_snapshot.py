@@ -161,3 +161,42 @@ def test_tables_reload_and_sighup_and_refused_requests(
     no_http.write_text(good.replace(f'listen = "127.0.0.1:{http}"', 'listen = ""'))
     off = cdcd("snapshot", "-c", str(no_http), "public.orders")
     assert off.returncode == ExitCode.CONFIG and "http.listen is off" in off.stderr
+
+
+def test_a_replaced_table_stays_in_status_after_a_sigkill_until_its_snapshot_completes(
+        pg_server: PostgresServer, pg_db: str, tmp_path: Path, daemons: list[Daemon]) -> None:
+    from cdcd.checkpoint.store import Checkpoint
+
+    create_orders(pg_server, pg_db, 100)
+    cfg, http = make_config(tmp_path, pg_server.port, pg_db, snapshot={"chunk_rows": 40}, source={"postgres": {
+        "slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.5}})
+    path = tmp_path / "state" / "checkpoint.json"
+
+    def flagged() -> dict[str, str]:
+        ckpt = Checkpoint.from_bytes(path.read_bytes(), path) if path.exists() else None
+        return dict((ckpt.source_state if ckpt else {}).get("tables_needing_snapshot") or {})
+
+    d = Daemon(cfg, http)
+    daemons.append(d)
+    d.wait_ready()
+    d.wait("the initial snapshot landed", lambda: len(landed_ids(tmp_path / "landing")) >= 100)
+    pg_server.psql("DROP TABLE orders", pg_db)
+    create_orders(pg_server, pg_db, 150)
+    d.wait("the replaced table in /status", lambda: "public.orders" in d.status()["source"].get(
+        "tables_needing_snapshot", {}))
+    why = d.status()["source"]["tables_needing_snapshot"]["public.orders"]
+    d.wait("the flag in the checkpoint", lambda: "public.orders" in flagged())
+    d.proc.kill()
+    d.proc.wait(WAIT_S)
+
+    d = Daemon(cfg, http)  # the new daemon loads the new table's OID: only the checkpoint knows
+    daemons.append(d)
+    d.wait_ready()
+    assert d.status()["source"]["tables_needing_snapshot"] == {"public.orders": why}
+    asked = cdcd("snapshot", "-c", str(cfg), "public.orders")
+    assert asked.returncode == 0, asked.stderr
+    d.wait("the re-snapshot done", lambda: done(d, "public.orders"))
+    assert "tables_needing_snapshot" not in d.status()["source"]
+    d.wait("the flag gone from the checkpoint", lambda: not flagged())
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.exit_code() == ExitCode.OK

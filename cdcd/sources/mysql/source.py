@@ -23,7 +23,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan, Replan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables
+from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -195,7 +195,9 @@ class MySqlSource(Source):
             at = self._resume_pos or (resume.position if isinstance(resume.position, MySqlPosition) else None) \
                 or MySqlPosition.epoch_start(self._epoch, "")
             marks, jobs = plan_tables(resume.state or {}, sorted(self.tables), fresh, at, log)
-            self._incr.resume(jobs)
+            # the checkpoint's replaced tables stay listed (a fresh snapshot reads every table: none stands)
+            stale = MySqlState.parse(resume.state or {}).stale
+            self._incr.resume(jobs, None if fresh else stale_from_state(stale, sorted(self.tables)))
             if snapshot is not None and snapshot.fresh:
                 snapshot.then = marks  # after the snapshot's start, at its watermark
             else:

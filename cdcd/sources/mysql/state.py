@@ -7,7 +7,11 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "schemas": <SchemaHistory JSON>,
      "stream_start": <position JSON>,          # snapshot.mode = "never": where streaming began
      "server": {"server_id": int, "uuid": str, "epoch": int},
-     "inside_tx": true}                        # present when the checkpoint's position is inside a transaction
+     "inside_tx": true,                        # present when the checkpoint's position is inside a transaction
+     "tables_needing_snapshot": {"db.t": "DROP TABLE at ..."}}  # replaced tables, until a re-snapshot ends
+
+Incremental snapshots keep ``tables``, ``incremental`` and ``incremental_queued`` too
+(``cdcd/capture/incremental.py``, ``fold_incremental``).
 
 ``server`` is the identity of the server the positions belong to and their
 epoch (``identity.py``): a failover to another server with the checkpoint's
@@ -52,6 +56,7 @@ class MySqlState:
     server: dict[str, Any] | None = None  # {"server_id", "uuid", "epoch"}
     inside_tx: bool = False
     schemas: Mapping[str, Any] = field(default_factory=dict)  # SchemaHistory JSON
+    stale: Mapping[str, str] = field(default_factory=dict)  # replaced tables -> why (tables_needing_snapshot)
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> MySqlState:
@@ -62,7 +67,8 @@ class MySqlState:
                       for name, e in (snap.get("tables") or {}).items()}
             progress = SnapshotProgress(_mysql_position(snap["watermark"]), bool(snap.get("done")), tables)
         start = _mysql_position(doc["stream_start"]) if doc.get("stream_start") else None
-        return cls(progress, start, doc.get("server"), bool(doc.get("inside_tx", False)), doc.get("schemas") or {})
+        return cls(progress, start, doc.get("server"), bool(doc.get("inside_tx", False)), doc.get("schemas") or {},
+                   dict(doc.get("tables_needing_snapshot") or {}))
 
 
 def _mysql_position(doc: dict[str, Any]) -> MySqlPosition:
@@ -99,6 +105,7 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             snap = {"watermark": item.position.to_json(), "done": False}
             tables = {t: {"last_key": None, "done": False} for t in item.detail["tables"]}
             last = {}
+            new.pop("tables_needing_snapshot", None)  # the new snapshot reads every table again
         elif kind == MarkKind.SNAPSHOT_TABLE_DONE:
             _flush_keys(tables, last)
             tables.setdefault(item.detail["table"], {"last_key": None})["done"] = True

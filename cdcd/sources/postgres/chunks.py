@@ -9,7 +9,9 @@ Per chunk (``PgChunkReader.read``), on two connections of its own:
    transaction the stream delivered before the coordinator began recording is visible to the read;
 3. ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY``; ``pg_current_snapshot()`` (the read's snapshot: its
    running-transaction list and xmax say exactly which transactions the read does not see); the chunk as one
-   ``COPY (SELECT ... WHERE key > last [AND where] ORDER BY key LIMIT n) TO STDOUT``; ``COMMIT``;
+   ``COPY (SELECT ... WHERE key > last [AND where] ORDER BY key LIMIT n) TO STDOUT``; the job's keys to read
+   again (``SnapshotJob.reread``: a change in an earlier window did not carry an unchanged TOAST value) as one
+   ``COPY (SELECT ... WHERE key IN (...) AND NOT <the chunk's range>) TO STDOUT``; ``COMMIT``;
 4. the high watermark (HW): another logical message.
 
 The chunk's rows are parsed with the snapshot's ``CopyDecoder`` (the same landed values as the initial snapshot).
@@ -31,6 +33,7 @@ from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import quote_ident, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
 from cdcd.sources.postgres.stream import PgTables
+from cdcd.sources.postgres.types import key_text
 
 #: How often the lag wait (step 2) looks again.
 _LAG_POLL_S = 0.01
@@ -42,20 +45,51 @@ def _literal(text: str) -> str:
     return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def chunk_query(tables: PgTables, job: SnapshotJob, limit: int) -> str:
-    info, shape = tables.infos[job.table], tables.shapes[job.table]
-    key = info.key
-    cols = ", ".join(quote_ident(k) for k in key)
+def _key_row(tables: PgTables, job: SnapshotJob, values: list[Any]) -> str:
+    """A row constructor of the key's columns, each value (the server's text) cast to its column's type."""
+    info = tables.infos[job.table]
     types = {c.name: c.sql_type for c in info.columns}
+    return "(" + ", ".join("NULL" if v is None else f"CAST({_literal(v)} AS {types[k]})"
+                           for k, v in zip(info.key, values, strict=True)) + ")"
+
+
+def _range(tables: PgTables, job: SnapshotJob, until: list[Any] | None) -> list[str]:
+    """The conditions of the chunk's range: after ``job.last_key``, up to ``until`` (None: to the end), in
+    ``job.where``."""
+    cols = ", ".join(quote_ident(k) for k in tables.infos[job.table].key)
     conds: list[str] = []
     if job.last_key is not None:
-        bounds = ", ".join(f"CAST({_literal(v)} AS {types[k]})" for k, v in zip(key, job.last_key, strict=True))
-        conds.append(f"({cols}) > ({bounds})")
+        conds.append(f"({cols}) > {_key_row(tables, job, job.last_key)}")
+    if until is not None:
+        conds.append(f"({cols}) <= {_key_row(tables, job, until)}")
     if job.where:
         conds.append(f"({job.where})")
+    return conds
+
+
+def chunk_query(tables: PgTables, job: SnapshotJob, limit: int) -> str:
+    info, shape = tables.infos[job.table], tables.shapes[job.table]
+    cols = ", ".join(quote_ident(k) for k in info.key)
+    conds = _range(tables, job, None)
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
     select = ", ".join(quote_ident(c.name) for c in shape.schema.columns)
     return f"SELECT {select} FROM {quote_table(info.table)}{where} ORDER BY {cols} LIMIT {limit}"
+
+
+def reread_query(tables: PgTables, job: SnapshotJob, keys: list[list[Any]], until: list[Any] | None) -> str:
+    """The rows of ``keys`` outside the chunk's range (which ends at ``until``; None: the table's end): the
+    chunk read them already, in the same snapshot."""
+    info, shape = tables.infos[job.table], tables.shapes[job.table]
+    cols = ", ".join(quote_ident(k) for k in info.key)
+    listed = ", ".join(_key_row(tables, job, k) for k in keys)
+    conds = [f"({cols}) IN ({listed})"]
+    chunk = _range(tables, job, until)
+    if chunk:
+        conds.append(f"NOT (({' AND '.join(chunk)}) IS TRUE)")
+    else:  # the range is the whole table: every listed row is in the chunk
+        conds.append("false")
+    select = ", ".join(quote_ident(c.name) for c in shape.schema.columns)
+    return f"SELECT {select} FROM {quote_table(info.table)} WHERE {' AND '.join(conds)}"
 
 
 def invisible_to(snapshot: str) -> Callable[[str | None], bool]:
@@ -85,6 +119,11 @@ class PgChunkReader:
         #: Called between the chunk's read and its HW (tests change the chunk's rows there, on the real server).
         self.after_read: Callable[[SnapshotJob], Awaitable[None]] | None = None
 
+    @staticmethod
+    def key_json(schema: Any, key: tuple[Any, ...]) -> list[Any]:
+        """A landed key as the server's text of each column (the form of ``last_key``): a re-read key."""
+        return [None if v is None else key_text(v) for v in key]
+
     async def _conns(self) -> tuple[Any, Any]:
         for name in ("_read_conn", "_mark_conn"):
             conn = getattr(self, name)
@@ -102,28 +141,37 @@ class PgChunkReader:
         lw = await catalog.emit_heartbeat(marks)
         await self._wait_committing(marks)
         pieces: list[bytes] = []
+        extra: list[bytes] = []
+        names = shape.schema.column_names
+        key_fields = [names.index(k) for k in info.key]
+        reread = list(job.reread.values())[:limit]
 
         async def collect(data: bytes) -> None:
             pieces.append(data)
+
+        async def collect_extra(data: bytes) -> None:
+            extra.append(data)
 
         await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             snapshot = str(await conn.fetchval("SELECT pg_current_snapshot()::text"))
             await conn.copy_from_query(chunk_query(self._t, job, limit), output=collect)
+            rows = sum(p.count(b"\n") for p in pieces)
+            last_key = last_row_fields(pieces, key_fields) if rows else None
+            if reread:  # same snapshot: the window rule holds for them as for the chunk's rows
+                until = last_key if rows >= limit else None
+                await conn.copy_from_query(reread_query(self._t, job, reread, until), output=collect_extra)
         finally:
             with contextlib.suppress(Exception):
                 await conn.execute("ROLLBACK")  # read only: nothing to keep
         if self.after_read is not None:
             await self.after_read(job)
         hw = await catalog.emit_heartbeat(marks)
-        names = shape.schema.column_names
-        key_fields = [names.index(k) for k in info.key]
-        rows = sum(p.count(b"\n") for p in pieces)
+        found = sum(p.count(b"\n") for p in extra)
         decoder = CopyDecoder(shape, self._t.warnings, key_fields)
-        data, texts = await asyncio.to_thread(decoder.decode_keyed, pieces, rows)
-        last_key = last_row_fields(pieces, key_fields) if rows else None
+        data, texts = await asyncio.to_thread(decoder.decode_keyed, pieces + extra, rows + found)
         return Chunk(job, shape.schema, data, texts, last_key, PgPosition(lw, 0), PgPosition(hw, 0),
-                     rows < limit, invisible_to(snapshot))
+                     rows < limit, invisible_to(snapshot), reread)
 
     async def _wait_committing(self, conn: Any) -> None:
         """Wait until no transaction is both committed in the commit log and still listed as running."""

@@ -18,7 +18,7 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables
+from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -71,6 +71,7 @@ class PostgresSource(Source):
         self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
+        self._incr.key_json = self._chunks.key_json  # keys whose superseding update lacked a TOAST value are re-read
         self._stream.replaced = self._incr.mark_stale  # a table dropped and re-created: /status, `cdcd snapshot`
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
@@ -189,7 +190,8 @@ class PostgresSource(Source):
         incremental snapshots the checkpoint holds as running."""
         fresh = self._start_mark is not None  # a first start or a new snapshot: every table is in it
         marks, jobs = plan_tables(state, self._tables, fresh, self._last_position(), log)
-        self._incr.resume(jobs)
+        # a fresh start snapshots every table: no flag of the old state stands
+        self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale, self._tables))
         self._incr.dropped = set()
         if fresh:  # the start mark carries the table list (``_begin``); nothing else is due
             return []

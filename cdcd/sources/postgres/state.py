@@ -9,7 +9,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
                   "tables": {"public.t": {"last_key": ["42"], "rows": 42, "done": false}}},
      "system": {"systemid": "7301...", "timeline": 1},   # the server's IDENTIFY_SYSTEM (identity.py)
      "tables": ["public.t"],           # the captured tables (a restart snapshots the ones source.tables gained)
-     "incremental": {"public.t": {...}}}  # incremental snapshots (cdcd/capture/incremental.py, fold_incremental)
+     "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental.py, fold_incremental)
+     "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."}}  # until a re-snapshot ends
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
 the runtime confirmed durable: never beyond the checkpoint.
@@ -47,6 +48,7 @@ class PgState:
     snapshot: str = "none"  # "running" | "done" | "none"
     tables: Mapping[str, TableProgress] = field(default_factory=dict)
     system: dict[str, Any] | None = None
+    stale: Mapping[str, str] = field(default_factory=dict)  # replaced tables -> why (tables_needing_snapshot)
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> PgState:
@@ -58,7 +60,7 @@ class PgState:
                   for name, e in (snap.get("tables") or {}).items()}
         flush = parse_lsn(doc["flush_lsn"]) if doc.get("flush_lsn") else watermark
         return cls(False, doc.get("slot"), watermark, flush, str(snap.get("status") or "none"), tables,
-                   doc.get("system"))
+                   doc.get("system"), dict(doc.get("tables_needing_snapshot") or {}))
 
 
 def fresh_state(slot: str | None, watermark: int, snapshot: bool,

@@ -452,3 +452,34 @@ async def test_a_table_dropped_and_recreated_is_named_and_cdcd_snapshot_repairs_
     assert "tables_needing_snapshot" not in status
     assert replay_covered(got, f"{maria_db}.t") == await source_rows(maria_server, maria_db)
     assert [m.detail["table"] for m in marks(got, MarkKind.SNAPSHOT_COVERED)] == [f"{maria_db}.t"]
+
+
+async def test_a_replaced_table_stays_listed_across_a_restart_until_its_snapshot_completes(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    sql("CREATE TABLE s (id int PRIMARY KEY)", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+        "INSERT INTO t SELECT seq, seq, 'old' FROM seq_1_to_300")
+    cfg = make_config(["s", "t"], snapshot={"chunk_rows": 100})
+    async with Driver(cfg) as d:
+        got: list[Item] = []
+        await catch_up(d, maria_server, maria_db, got)
+        await asyncio.to_thread(sql, "DROP TABLE t", "CREATE TABLE t (id int PRIMARY KEY, v int, pad varchar(20))",
+                                "INSERT INTO t SELECT seq, -seq, 'new' FROM seq_200_to_450")
+        await catch_up(d, maria_server, maria_db, got)
+        await d.commit()
+        state, position = d.state, d.position
+    why = state["tables_needing_snapshot"][f"{maria_db}.t"]
+    assert "the binlog has `DROP TABLE" in why
+    async with Driver(cfg, position, state) as d:  # a restart: the DROP is behind the checkpoint
+        src = d.source
+        assert isinstance(src, MySqlSource)
+        assert src.status()["tables_needing_snapshot"] == {f"{maria_db}.t": why}
+        more: list[Item] = []
+        await catch_up(d, maria_server, maria_db, more)
+        src.request_snapshot(f"{maria_db}.t")
+        more += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=60)
+        await catch_up(d, maria_server, maria_db, more)
+        await d.commit()
+        state, status = d.state, src.status()
+    assert "tables_needing_snapshot" not in status and "tables_needing_snapshot" not in state
+    assert replay_covered(got + more, f"{maria_db}.t") == await source_rows(maria_server, maria_db)

@@ -50,10 +50,9 @@ def apply(state: dict[tuple[Any, ...], dict[str, Any]], events: list[ChangeEvent
             state.pop(ev.key_of(ev.before), None)  # type: ignore[arg-type]
         else:
             old = ev.before_key
-            if old is not None:
-                state.pop(old, None)
+            # an unavailable value is kept from the row the change took: the old key's for a key change
+            prev = state.pop(old, None) if old is not None else state.get(ev.key)  # type: ignore[arg-type]
             row = dict(ev.after or {})
-            prev = state.get(ev.key)  # type: ignore[arg-type]
             for name in ev.unavailable:
                 row[name] = prev[name] if prev else None
             state[ev.key] = row  # type: ignore[index]

@@ -30,9 +30,12 @@ def source_of(d: Driver) -> PostgresSource:
     return d.source
 
 
-async def workload(dsn: str, stop: asyncio.Event, seed: int, counts: dict[str, int]) -> None:
-    """Small transactions of inserts, updates, key changes and deletes until ``stop``."""
+async def workload(dsn: str, stop: asyncio.Event, seed: int, counts: dict[str, int], toast: bool = False) -> None:
+    """Small transactions of inserts, updates, key changes and deletes until ``stop``. ``toast``: inserts write a
+    TOASTed ``pad`` and updates leave it unchanged (the stream then lacks it)."""
     rnd = random.Random(seed)
+    insert = "repeat(md5($2::int::text), 100)" if toast else "'w'"
+    update = "v = v + 1" if toast else "v = v + 1, pad = 'u'"
     conn = await asyncpg.connect(dsn)
     try:
         while not stop.is_set():
@@ -43,10 +46,10 @@ async def workload(dsn: str, stop: asyncio.Event, seed: int, counts: dict[str, i
                         k = rnd.randint(1, ROWS * 2)
                         op = rnd.choice(["insert", "update", "rekey", "delete"])
                         if op == "insert":
-                            await conn.execute("INSERT INTO t VALUES ($1, $2, 'w') ON CONFLICT (id) DO NOTHING", k,
-                                               rnd.randint(0, 10**6))
+                            await conn.execute(f"INSERT INTO t VALUES ($1, $2, {insert}) ON CONFLICT (id) DO NOTHING",
+                                               k, rnd.randint(0, 10**6))
                         elif op == "update":
-                            await conn.execute("UPDATE t SET v = v + 1, pad = 'u' WHERE id = $1", k)
+                            await conn.execute(f"UPDATE t SET {update} WHERE id = $1", k)
                         elif op == "rekey":
                             await conn.execute("UPDATE t SET id = $2 WHERE id = $1 AND NOT EXISTS "
                                                "(SELECT 1 FROM t WHERE id = $2)", k, rnd.randint(1, ROWS * 2))
@@ -150,7 +153,42 @@ async def test_incremental_snapshot_under_a_concurrent_workload_equals_the_sourc
     assert isinstance(below, PgPosition) and below.to_json() == chunks[0].detail["lw"] and below < chunks[0].position
     assert progress == [{"table": "public.t", "where": None, "state": "done", "chunks": len(chunks),
                          "rows": sum(c.detail["rows"] for c in chunks), "last_key": chunks[-1].detail["last_key"],
-                         "error": None}]
+                         "reread": 0, "error": None}]
+
+
+async def test_toasted_rows_under_a_concurrent_workload_land_whole(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    """The workload's updates leave the TOASTed ``pad`` unchanged: rows they take in their chunk's window, and the
+    keys they move, are read again; the replay equals the source with every ``pad``."""
+    sql(f"CREATE TABLE t (id int PRIMARY KEY, v int, pad text); ALTER TABLE t ALTER pad SET STORAGE EXTERNAL; "
+        f"INSERT INTO t SELECT g, g, repeat(md5(g::text), 100) FROM generate_series(1, {ROWS}) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.t"], snapshot={"mode": "never", "chunk_rows": 150},
+                      source={"postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.2}})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        stop = asyncio.Event()
+        counts: dict[str, int] = {}
+        writers = [asyncio.create_task(workload(dsn, stop, seed, counts, toast=True)) for seed in range(3)]
+        try:
+            src.request_snapshot("public.t")
+            got += await d.take(lambda items: bool(items) and isinstance(items[-1], Mark)
+                                and items[-1].kind is MarkKind.INCREMENTAL_DONE, timeout=240)
+        finally:
+            stop.set()
+            await asyncio.gather(*writers)
+        await catch_up(d, dsn, got)
+    assert min(counts.get(op, 0) for op in ("insert", "update", "rekey", "delete")) > 20, counts
+    chunks = marks(got, MarkKind.INCREMENTAL_CHUNK)
+    assert any(c.detail["reread"] for c in chunks), "no row was taken without its TOAST value in a window"
+    assert in_position_order(got)
+    expected = await source_rows(dsn)
+    mirror = replay(got)
+    missing = sorted(k for k, row in mirror.items() if row.get("pad") is None)
+    assert not missing, f"rows landed without their TOAST value: {missing}"
+    assert mirror == expected
 
 
 async def test_a_restart_resumes_after_the_last_committed_chunk(
@@ -368,41 +406,143 @@ async def test_requests_queued_but_not_started_survive_a_restart(
     assert not state.get("incremental_queued")
 
 
-async def test_unchanged_toast_updated_in_a_chunk_window_lands_unavailable_unless_replica_identity_full(
+TOASTED = "CREATE TABLE t (id int PRIMARY KEY, n int, big text); ALTER TABLE t ALTER big SET STORAGE EXTERNAL; "
+
+
+async def toast_rows(dsn: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {(r["id"],): dict(r) for r in await conn.fetch("SELECT id, n, big FROM t")}
+    finally:
+        await conn.close()
+
+
+def unavailable_updates(items: list[Item]) -> list[ChangeEvent]:
+    return [i for i in items if isinstance(i, ChangeEvent) and not i.snapshot and i.unavailable == ("big",)]
+
+
+async def test_rows_updated_in_their_chunk_window_without_their_toast_value_are_read_again(
         pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
-    """The documented limit (docs/runtime.md, "Limits"): a row updated between its chunk's watermarks is taken
-    from the stream; an update that leaves a TOASTed value unchanged does not carry it, so a mirror that never
-    had the row lacks it. With REPLICA IDENTITY FULL the update carries it (the workaround)."""
-    big = "".join(chr(0x41 + (i * 7919) % 26) for i in range(20000))
-    for name in ("t", "f"):
-        sql(f"CREATE TABLE {name} (id int PRIMARY KEY, n int, big text); "
-            f"ALTER TABLE {name} ALTER big SET STORAGE EXTERNAL; "
-            f"INSERT INTO {name} SELECT g, 0, '{big}' FROM generate_series(1, 3) g")
-    sql("ALTER TABLE f REPLICA IDENTITY FULL")
+    """A row updated between its chunk's watermarks is taken from the stream, whose update lacks the unchanged
+    TOASTed value (``unavailable``); the mirror never had the row, so the key is read again until a read of it
+    has no such update in its window. A key change that lacks it moves a value the mirror does not have: the new
+    key is read again too. The landed replay equals the source, TOAST values included."""
+    sql(TOASTED + "INSERT INTO t SELECT g, 0, repeat(md5(g::text), 700) FROM generate_series(1, 45) g")
     dsn = pg_server.dsn(pg_db)
-    async with Driver(make_config(["public.t", "public.f"], snapshot=NEVER)) as d:
+    async with Driver(make_config(["public.t"], snapshot={"mode": "never", "chunk_rows": 10})) as d:
         src = source_of(d)
         writer = await asyncpg.connect(dsn)
+        again: list[int] = []
 
-        async def touch(job: SnapshotJob) -> None:  # between the read and the HW: the stream supersedes row 1
-            await writer.execute(f"UPDATE {job.table.name} SET n = 1 WHERE id = 1")
+        async def touch(job: SnapshotJob) -> None:  # between the read and its HW
+            after = int(job.last_key[0]) if job.last_key else 0
+            ids = [r["id"] for r in await writer.fetch("SELECT id FROM t WHERE id > $1 ORDER BY id LIMIT 3", after)]
+            if len(ids) == 3:  # a chunk of the range: update one row of it, move another one's key
+                await writer.execute("UPDATE t SET n = n + 1 WHERE id = $1", ids[0])
+                await writer.execute("UPDATE t SET id = -id WHERE id = $1", ids[1])
+            if job.reread and len(again) < 3:  # a key being read again is updated again in its window
+                k = int(next(iter(job.reread.values()))[0])
+                await writer.execute("UPDATE t SET n = n + 10 WHERE id = $1", k)
+                again.append(k)
 
         src._chunks.after_read = touch
         got: list[Item] = []
         await catch_up(d, dsn, got)
         try:
-            for table in ("public.t", "public.f"):
-                src.request_snapshot(table)
-                got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+            src.request_snapshot("public.t")
+            got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)), timeout=120)
             await catch_up(d, dsn, got)
         finally:
             await writer.close()
-    for name, unavailable in (("t", ("big",)), ("f", ())):
-        events = [i for i in got if isinstance(i, ChangeEvent) and i.table.name == name]
-        assert sorted(e.key for e in events if e.snapshot) == [(2,), (3,)]  # row 1 came from the stream
-        update = next(e for e in events if not e.snapshot)
-        assert update.key == (1,) and update.unavailable == unavailable
-        mirror: dict[tuple[Any, ...], dict[str, Any]] = {}
-        apply(mirror, events)
-        assert mirror[(2,)]["big"] == big
-        assert mirror[(1,)].get("big") == (None if unavailable else big)
+        progress = src.snapshot_progress()
+    assert len(unavailable_updates(got)) >= 10, "the updates did not leave the TOAST value out"
+    expected = await toast_rows(dsn)
+    mirror = replay(got)
+    missing = sorted(k for k, row in mirror.items() if row.get("big") is None)
+    assert not missing, f"rows landed without their TOAST value: {missing}"
+    assert mirror == expected
+    assert len(again) == 3 and len(unavailable_updates(got)) >= 13
+    assert marks(got, MarkKind.INCREMENTAL_REREAD), "no key change was read again"
+    chunks = marks(got, MarkKind.INCREMENTAL_CHUNK)
+    assert any(c.detail["reread"] for c in chunks) and not chunks[-1].detail["reread"]
+    assert progress[0]["state"] == "done" and progress[0]["reread"] == 0
+    assert in_position_order(got)
+    covered = marks(got, MarkKind.SNAPSHOT_COVERED)
+    assert replay_covered(got, "public.t") == expected and len(covered) == 1
+
+
+async def test_keys_waiting_to_be_read_again_survive_a_restart(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql(TOASTED + "INSERT INTO t SELECT g, 0, repeat(md5(g::text), 700) FROM generate_series(1, 30) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.t"], snapshot={"mode": "never", "chunk_rows": 10})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        writer = await asyncpg.connect(dsn)
+
+        async def touch(job: SnapshotJob) -> None:
+            if job.chunks == 0:  # the first chunk: row 1 updated, row 2 moved to key -2, both without the value
+                await writer.execute("UPDATE t SET n = 5 WHERE id = 1; UPDATE t SET id = -2 WHERE id = 2")
+
+        src._chunks.after_read = touch
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        try:
+            src.request_snapshot("public.t")
+            got += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_CHUNK)))
+        finally:
+            await writer.close()
+        first = max(i for i, item in enumerate(d.pending) if isinstance(item, Mark)
+                    and item.kind is MarkKind.INCREMENTAL_CHUNK)
+        committed = list(d.pending[:first + 1])
+        await d.commit(first + 1)
+        state, position = d.state, d.position  # the daemon dies here: nothing after the first chunk is committed
+    assert sorted(state["incremental"]["public.t"]["reread"]) == [["-2"], ["1"]]
+    assert len(unavailable_updates(committed)) == 2
+    async with Driver(cfg, position, state) as d:
+        more = await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        await catch_up(d, dsn, more)
+        await d.commit()
+        state = d.state
+    assert replay(committed + more) == await toast_rows(dsn)
+    reread = [i.key for i in more if isinstance(i, ChangeEvent) and i.snapshot and i.key in ((1,), (-2,))]
+    assert sorted(reread) == [(-2,), (1,)], "the restart did not read the checkpoint's keys again"
+    assert "reread" not in state["incremental"]["public.t"] and state["incremental"]["public.t"]["status"] == "done"
+
+
+async def test_a_replaced_table_stays_listed_across_a_restart_until_its_snapshot_completes(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+        "INSERT INTO t SELECT g, g, 'old' FROM generate_series(1, 300) g")
+    dsn = pg_server.dsn(pg_db)
+    cfg = make_config(["public.a", "public.t"], snapshot={"chunk_rows": 100},
+                      source={"postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.2}})
+    async with Driver(cfg) as d:
+        src = source_of(d)
+        got: list[Item] = []
+        await catch_up(d, dsn, got)
+        sql("DROP TABLE t; CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
+            "INSERT INTO t SELECT g, -g, 'new' FROM generate_series(200, 450) g")
+        await wait_for(lambda: "public.t" in src.status().get("tables_needing_snapshot", {}), timeout=60,
+                       what="the re-created table in the status")
+        await catch_up(d, dsn, got)
+        await d.commit()
+        state, position = d.state, d.position
+    why = state["tables_needing_snapshot"]["public.t"]
+    assert "dropped and re-created (relation OID" in why
+    async with Driver(cfg, position, state) as d:  # a restart: the stream no longer sees an OID change
+        src = source_of(d)
+        assert src.status()["tables_needing_snapshot"] == {"public.t": why}
+        more: list[Item] = []
+        await catch_up(d, dsn, more)
+        src.request_snapshot("public.t")
+        more += await d.take(lambda items: bool(marks(items, MarkKind.INCREMENTAL_DONE)))
+        await catch_up(d, dsn, more)
+        await d.commit()
+        state, position, status = d.state, d.position, src.status()
+    assert "tables_needing_snapshot" not in status and "tables_needing_snapshot" not in state
+    assert [m.detail for m in marks(more, MarkKind.INCREMENTAL_START) if not m.detail.get("queued")] == [
+        {"table": "public.t", "where": None, "repairs": True}]
+    assert replay_covered(got + more, "public.t") == await source_rows(dsn)
+    async with Driver(cfg, position, state) as d:
+        assert "tables_needing_snapshot" not in source_of(d).status()
