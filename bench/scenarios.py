@@ -238,12 +238,13 @@ class _ManifestWatch:
             time.sleep(self.POLL_S)
 
 
-def _latency_at(pg: PostgresServer, db: str, work: Path, rate: int, seconds: int, first_id: int) -> Row:
+def _latency_at(pg: PostgresServer, db: str, work: Path, rate: int, seconds: int, first_id: int,
+                delay_ms: int = 20) -> Row:
     work.mkdir()
-    slot = f"latency_{rate}"
+    slot = f"latency_{first_id // 100_000_000}"  # one slot per run (the caller gives each its own ids)
     config = write_config(work / "cdcd.toml", _pg_source(pg, db, ["public.narrow"], slot=slot), work,
                           snapshot={"mode": "never"},
-                          landing={"max_batch_delay_ms": 20, "max_batch_events": 5000})
+                          landing={"max_batch_delay_ms": delay_ms, "max_batch_events": 5000})
     pg.psql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')", db)
     daemon = Daemon(config, work).start()
     try:
@@ -279,7 +280,7 @@ def _latency_at(pg: PostgresServer, db: str, work: Path, rate: int, seconds: int
             "achieved_rate": round(achieved, 1), "batches": len(after_last),
             "batch_after_last_p50_ms": round(_pct(after_last, 0.5), 1),
             "batch_after_last_p99_ms": round(_pct(after_last, 0.99), 1),
-            "peak_rss_mb": peak, "config": "max_batch_delay_ms=20", "baseline": "none"}
+            "peak_rss_mb": peak, "config": f"max_batch_delay_ms={delay_ms}", "baseline": "none"}
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -35,7 +35,7 @@ from cdcd.daemon.progress import RateTracker, progress_fields, render_live, summ
 from cdcd.daemon.sdnotify import Notifier
 from cdcd.errors import CdcdError, StateError
 from cdcd.logging import bind_context
-from cdcd.memory import MemorySettings
+from cdcd.memory import MemorySettings, freeze_startup
 from cdcd.runtime.interfaces import Sink
 from cdcd.runtime.runtime import Runtime, RuntimeState
 
@@ -178,6 +178,8 @@ class Daemon:
                 await self._http.start()
             self.notifier.status("starting: loading the checkpoint and connecting to the source")
             self.rt = self._make_runtime()
+            if self.memory is not None:  # run_daemon's process (never a test's): the modules of the run are loaded
+                freeze_startup(self.memory)
             code = await self._start()
             if code is not None:
                 return code
@@ -342,5 +344,5 @@ def run_daemon(config: Config, config_path: Path) -> int:
     from cdcd import memory
 
     # Before asyncio.run: glibc's arena limit holds only for threads that allocate after it is set.
-    settings = memory.apply(config.runtime.allocator)
+    settings = memory.apply(config.runtime.memory)
     return asyncio.run(Daemon(config, config_path, memory=settings).run())

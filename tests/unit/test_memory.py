@@ -1,5 +1,5 @@
-"""cdcd.memory: the allocator settings take effect in the process (each case in a fresh interpreter:
-the settings are process-wide and glibc's arena limit holds only for threads started after it)."""
+"""cdcd.memory: the allocator and collector settings take effect in the process (each case in a fresh
+interpreter: the settings are process-wide and glibc's arena limit holds only for threads started after it)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -16,10 +17,11 @@ from cdcd.memory import glibc_version
 glibc_only = pytest.mark.skipif(glibc_version() is None, reason="mallopt settings are glibc's")
 
 PROBE = textwrap.dedent("""
-    import ctypes, json, os, sys, threading
+    import ctypes, gc, json, os, sys, threading
     from cdcd import memory
 
     settings = memory.apply(sys.argv[1])
+    memory.freeze_startup(settings)
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
@@ -57,17 +59,18 @@ PROBE = textwrap.dedent("""
     stats = os.read(r, 1 << 20).decode()
     import pyarrow as pa
     print(json.dumps({"settings": settings.to_json(), "mapped_after_free": mapped,
-                      "arenas": stats.count("Arena "), "pool": pa.default_memory_pool().backend_name}))
+                      "arenas": stats.count("Arena "), "pool": pa.default_memory_pool().backend_name,
+                      "gc_threshold": gc.get_threshold(), "gc_frozen": gc.get_freeze_count()}))
 """)
 
 
-def probe(allocator: str, **env: str) -> dict[str, object]:
+def probe(mode: str, **env: str) -> dict[str, Any]:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "ARROW_DEFAULT_MEMORY_POOL")}
-    proc = subprocess.run([sys.executable, "-c", PROBE, allocator], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60,
                           env={**clean, **env})
     assert proc.returncode == 0, proc.stderr
-    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
     return result
 
 
@@ -77,9 +80,12 @@ def test_tuned_bounds_arenas_fixes_the_mmap_threshold_and_puts_arrow_on_the_syst
     assert got["pool"] == "system"
     assert got["arenas"] == 2
     assert got["mapped_after_free"] is True
-    assert got["settings"] == {"allocator": "tuned", "arrow_pool": "system",
+    assert got["gc_threshold"] == [10_000, 10, 10]
+    assert got["gc_frozen"] > 1000  # the imported modules' objects
+    assert got["settings"] == {"mode": "tuned", "arrow_pool": "system",
                                "glibc": {"arena_max": 2, "mmap_threshold": 256 << 10, "trim_threshold": 1 << 20},
-                               "left_to_environment": []}
+                               "left_to_environment": [], "gc_threshold": [10_000, 10, 10],
+                               "gc_frozen": got["gc_frozen"]}
 
 
 @glibc_only
@@ -88,8 +94,9 @@ def test_default_leaves_both_allocators_alone() -> None:
     assert got["pool"] != "system"  # Arrow's own default (mimalloc or jemalloc, as built)
     assert got["arenas"] > 2  # the main arena and one per thread
     assert got["mapped_after_free"] is False
-    assert got["settings"] == {"allocator": "default", "arrow_pool": got["pool"], "glibc": {},
-                               "left_to_environment": []}
+    assert got["gc_threshold"] == [700, 10, 10] and got["gc_frozen"] == 0  # Python's defaults
+    assert got["settings"] == {"mode": "default", "arrow_pool": got["pool"], "glibc": {},
+                               "left_to_environment": [], "gc_threshold": [700, 10, 10], "gc_frozen": 0}
 
 
 @glibc_only
@@ -97,7 +104,6 @@ def test_settings_made_in_the_environment_win() -> None:
     got = probe("tuned", MALLOC_ARENA_MAX="4", GLIBC_TUNABLES="glibc.malloc.mmap_threshold=4194304",
                 ARROW_DEFAULT_MEMORY_POOL="jemalloc")
     settings = got["settings"]
-    assert isinstance(settings, dict)
     assert settings["glibc"] == {"trim_threshold": 1 << 20}
     assert settings["left_to_environment"] == ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES glibc.malloc.mmap_threshold",
                                                "ARROW_DEFAULT_MEMORY_POOL"]
