@@ -4,17 +4,19 @@ Measured on the benchmark lines (docs/benchmarks.md, "Peak memory"): most of the
 above its ~110 MB of imports was memory already freed but kept by allocators, not data in flight:
 
 - Arrow's default pool (mimalloc) keeps freed pages per thread; ``release_unused`` after a landed
-  batch only reaches the landing thread's heap, not those of the snapshot readers' threads.
+  batch only reaches the landing thread's heap, not those of the snapshot readers' threads. Arrow's
+  C++ code takes its pool from ``ARROW_DEFAULT_MEMORY_POOL`` when pyarrow is imported, so that
+  choice is made by ``cdcd/__init__.py`` (``system`` unless the environment names one), not here;
+  ``apply`` only reports it.
 - glibc gives every thread an arena of its own (up to 8 per core) and raises its mmap threshold
   each time a large block is freed, so later multi-megabyte column buffers come from the arenas'
   heaps, where freed space stays resident until the top of a heap is free.
 
-``tuned`` (the default of ``runtime.memory``) therefore puts Arrow on the system allocator and
-gives glibc two arenas, a fixed mmap threshold (blocks from 256 KiB are mapped and unmapped on
-their own) and a 1 MiB trim threshold (a heap whose free top exceeds it shrinks at once).
-``default`` leaves both libraries as they are. Settings an
-operator made in the environment (``ARROW_DEFAULT_MEMORY_POOL``, ``MALLOC_ARENA_MAX``,
-``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) are left alone.
+``tuned`` (the default of ``runtime.memory``) gives glibc two arenas, a fixed mmap threshold
+(blocks from 256 KiB are mapped and unmapped on their own) and a 1 MiB trim threshold (a heap
+whose free top exceeds it shrinks at once). ``default`` leaves glibc and the collector as they
+are. Settings an operator made in the environment (``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) are left alone.
 
 Python's cyclic collector: streaming allocates a few container objects per event, so with the default
 thresholds (700, 10, 10) it ran about 800 young and 6 full collections in 10 s at 20,000 events/s, the
@@ -55,8 +57,6 @@ GLIBC_TUNED: dict[str, tuple[int, int, tuple[str, ...]]] = {
     "mmap_threshold": (M_MMAP_THRESHOLD, 256 << 10, ("MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold")),
     "trim_threshold": (M_TRIM_THRESHOLD, 1 << 20, ("MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold")),
 }
-ARROW_TUNED_POOL = "system"
-ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 
 
 @dataclass
@@ -64,7 +64,7 @@ class MemorySettings:
     """What ``apply`` (and ``freeze_startup``) did, for the start-up log and ``/status``."""
 
     mode: MemoryMode
-    arrow_pool: str  # the backend of Arrow's default pool after apply
+    arrow_pool: str  # the backend of Arrow's default pool (ARROW_DEFAULT_MEMORY_POOL, see cdcd/__init__.py)
     glibc: dict[str, int] = field(default_factory=dict)  # mallopt parameters set
     left_to_environment: list[str] = field(default_factory=list)  # settings the environment made instead
     gc_threshold: tuple[int, int, int] = field(default_factory=gc.get_threshold)
@@ -128,10 +128,6 @@ def apply(mode: MemoryMode, env: Mapping[str, str] | None = None) -> MemorySetti
                 continue
             _mallopt(libc, param, value, name)
             glibc[name] = value
-    if ARROW_POOL_ENV in env:
-        left.append(ARROW_POOL_ENV)
-    else:
-        pa.set_memory_pool(pa.system_memory_pool())
     gc.set_threshold(*GC_TUNED_THRESHOLD)
     return MemorySettings(mode, pa.default_memory_pool().backend_name, glibc, left, gc.get_threshold())
 

@@ -89,9 +89,9 @@ def test_tuned_bounds_arenas_fixes_the_mmap_threshold_and_puts_arrow_on_the_syst
 
 
 @glibc_only
-def test_default_leaves_both_allocators_alone() -> None:
+def test_default_leaves_glibc_and_the_collector_alone() -> None:
     got = probe("default")
-    assert got["pool"] != "system"  # Arrow's own default (mimalloc or jemalloc, as built)
+    assert got["pool"] == "system"  # chosen at import (cdcd/__init__.py), whatever runtime.memory says
     assert got["arenas"] > 2  # the main arena and one per thread
     assert got["mapped_after_free"] is False
     assert got["gc_threshold"] == [700, 10, 10] and got["gc_frozen"] == 0  # Python's defaults
@@ -105,8 +105,41 @@ def test_settings_made_in_the_environment_win() -> None:
                 ARROW_DEFAULT_MEMORY_POOL="jemalloc")
     settings = got["settings"]
     assert settings["glibc"] == {"trim_threshold": 1 << 20}
-    assert settings["left_to_environment"] == ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES glibc.malloc.mmap_threshold",
-                                               "ARROW_DEFAULT_MEMORY_POOL"]
+    assert settings["left_to_environment"] == ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES glibc.malloc.mmap_threshold"]
     assert got["pool"] == "jemalloc" == settings["arrow_pool"]
     assert got["arenas"] == 4
     assert got["mapped_after_free"] is False  # the environment's 4 MiB threshold, not ours
+
+
+ARROW_POOLS = textwrap.dedent("""
+    import json, sys
+    import cdcd  # before pyarrow, as every cdcd command imports it
+    import pyarrow as pa, pyarrow.parquet as pq
+
+    table = pa.table({"id": list(range(200_000)), "b": ["row %d" % i for i in range(200_000)]})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="snappy")
+    back = pq.read_table(pa.BufferReader(sink.getvalue()))
+    print(json.dumps({"pool": pa.default_memory_pool().backend_name, "rows": back.num_rows,
+                      "mimalloc_peak": pa.mimalloc_memory_pool().max_memory()}))
+""")
+
+
+def arrow_pools(**env: str) -> dict[str, Any]:
+    clean = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    proc = subprocess.run([sys.executable, "-c", ARROW_POOLS], capture_output=True, text=True, timeout=60,
+                          env={**clean, **env})
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def test_importing_cdcd_puts_arrows_cpp_code_on_the_system_allocator() -> None:
+    # pa.set_memory_pool would not do: Parquet's C++ code allocates from the pool chosen at import
+    got = arrow_pools()
+    assert got == {"pool": "system", "rows": 200_000, "mimalloc_peak": 0}
+
+
+def test_an_arrow_pool_named_in_the_environment_is_kept() -> None:
+    got = arrow_pools(ARROW_DEFAULT_MEMORY_POOL="mimalloc")
+    assert got["pool"] == "mimalloc" and got["mimalloc_peak"] > 0
