@@ -1,7 +1,8 @@
 """The daemon's memory settings, applied once at start-up (docs/operations.md, "Memory").
 
-Measured on the benchmark lines (docs/benchmarks.md, "Peak memory"): most of the daemon's peak RSS
-above its ~110 MB of imports was memory already freed but kept by allocators, not data in flight:
+Measured on the benchmark lines (docs/benchmarks.md, "Peak memory and the collector"): on the
+snapshot lines most of the daemon's peak RSS above its ~110 MB of imports was memory already freed
+but kept by allocators, not data in flight:
 
 - Arrow's default pool (mimalloc) keeps freed pages per thread; ``release_unused`` after a landed
   batch only reaches the landing thread's heap, not those of the snapshot readers' threads. Arrow's
