@@ -133,6 +133,10 @@ class RuntimeConfig(_Section):
     #: The longest one query or snapshot chunk on a source connection may take before the connection is
     #: taken for dead (a transient error: reconnect).
     source_read_timeout_s: float = Field(default=300.0, gt=0)
+    #: "tuned": Arrow on the system allocator, glibc with 2 arenas and fixed mmap/trim thresholds (freed memory
+    #: goes back to the system), Python's collector frozen after start-up and run less often (cdcd/memory.py,
+    #: docs/operations.md "Memory"); "default": leave the allocators and the collector as they are.
+    memory: Literal["tuned", "default"] = "tuned"
 
 
 class HttpConfig(_Section):

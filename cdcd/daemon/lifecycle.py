@@ -35,6 +35,7 @@ from cdcd.daemon.progress import RateTracker, progress_fields, render_live, summ
 from cdcd.daemon.sdnotify import Notifier
 from cdcd.errors import CdcdError, StateError
 from cdcd.logging import bind_context
+from cdcd.memory import MemorySettings, freeze_startup
 from cdcd.runtime.interfaces import Sink
 from cdcd.runtime.runtime import Runtime, RuntimeState
 
@@ -52,8 +53,9 @@ _STATUS_INTERVAL_S = 2.0
 
 class Daemon:
     def __init__(self, config: Config, config_path: Path, notifier: Notifier | None = None,
-                 tty: bool | None = None) -> None:
+                 tty: bool | None = None, memory: MemorySettings | None = None) -> None:
         self.config = config
+        self.memory = memory  # the allocator settings run_daemon applied (None when run in-process by tests)
         self.config_path = config_path
         self.notifier = notifier or Notifier.from_env()
         self.tty = sys.stdout.isatty() if tty is None else tty
@@ -77,6 +79,7 @@ class Daemon:
             incremental_snapshots=self.rt.source.snapshot_progress() if self.rt is not None else [],
             pid=os.getpid(), version=__version__, ready=self.is_ready(), source_kind=self.config.source.kind,
             uptime_s=round(time.time() - self.started_at, 1), stopping=self._stop.is_set(),
+            memory=None if self.memory is None else self.memory.to_json(),
         )
         fault = self.storage_fault()
         base["storage_fault"] = None if fault is None else {"error": fault[0], "failing_for_s": round(fault[1], 1)}
@@ -166,7 +169,8 @@ class Daemon:
         self._install_signals(loop)
         _log.info("cdcd starting", version=__version__, pid=os.getpid(), config=str(self.config_path),
                   source_host=src.host, source_port=src.effective_port, tables=src.tables,
-                  state=str(self.config.state.path), landing=str(self.config.landing.path))
+                  state=str(self.config.state.path), landing=str(self.config.landing.path),
+                  memory=None if self.memory is None else self.memory.to_json())
         reporter: asyncio.Task[None] | None = None
         try:
             if self.config.http.enabled:
@@ -174,6 +178,8 @@ class Daemon:
                 await self._http.start()
             self.notifier.status("starting: loading the checkpoint and connecting to the source")
             self.rt = self._make_runtime()
+            if self.memory is not None:  # run_daemon's process (never a test's): the modules of the run are loaded
+                freeze_startup(self.memory)
             code = await self._start()
             if code is not None:
                 return code
@@ -335,4 +341,8 @@ def _respond(answer: Answer) -> Response:
 
 
 def run_daemon(config: Config, config_path: Path) -> int:
-    return asyncio.run(Daemon(config, config_path).run())
+    from cdcd import memory
+
+    # Before asyncio.run: glibc's arena limit holds only for threads that allocate after it is set.
+    settings = memory.apply(config.runtime.memory)
+    return asyncio.run(Daemon(config, config_path, memory=settings).run())
