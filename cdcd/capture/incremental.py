@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError
-from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
 from cdcd.positions import Position, position_from_json
 from cdcd.retry import source_backoff
 
@@ -100,7 +100,11 @@ class Window:
         self.table = table
         self._seen: list[tuple[Position, str | None, tuple[Any, ...] | None]] = []  # key None: a truncate
 
-    def record(self, ev: ChangeEvent) -> None:
+    def record(self, ev: ChangeEvent | ChangeBlock) -> None:
+        if type(ev) is ChangeBlock:  # its rows' keys and key changes, exactly as one ChangeEvent per row
+            self._seen.extend(ev.touched())
+            return
+        assert type(ev) is ChangeEvent
         if ev.op is Op.TRUNCATE:
             self._seen.append((ev.position, ev.tx_id, None))
             return
@@ -286,7 +290,8 @@ class Incremental:
         if self._out:
             out, self._out = self._out, []
         pending = self.pending
-        if pending is not None and item.position >= pending.hw:  # type: ignore[operator]
+        first = item.start if type(item) is ChangeBlock else item.position  # a block's rows all go after the chunk
+        if pending is not None and first >= pending.hw:  # type: ignore[operator]
             # The stream may have passed the HW before the chunk task set ``pending`` (the read returns after
             # the HW is written): the rows then go at the last delivered position, never below what is already
             # out. No key of theirs ties with a delivered change: every change after the LW took its key out.
@@ -298,7 +303,7 @@ class Incremental:
             hit = self.replaced(item)
             if hit is not None:
                 self.mark_stale(*hit)
-        if isinstance(item, ChangeEvent) and not item.snapshot:
+        if isinstance(item, ChangeEvent | ChangeBlock) and not item.snapshot:
             table = item.schema.table
             if table in self.dropped:
                 return out, False
