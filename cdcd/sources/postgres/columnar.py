@@ -1,9 +1,11 @@
-"""pgoutput row messages -> ``ChangeBlock``s: tuple data kept in wire form, converted a whole column at a time.
+"""pgoutput row messages -> ``ChangeBlock``s: tuple data kept in wire form, parsed and converted a column at a time.
 
-``BlockBuilder`` collects the Insert/Update/Delete messages of one relation inside one transaction, each tuple as
-the server sent it (text values, None for NULL, ``UNCHANGED_TOAST``), and ``build`` turns them into one
-``ChangeBlock``: the columns are transposed in C (``zip``) and converted by the snapshot's COPY-text converters
-(``copytext.CopyDecoder.wire_column``), so no Python value and no row dict is made per column value.
+``BlockBuilder`` collects the Insert/Update/Delete messages of one relation inside one transaction as the
+server sent them (one ``bytes`` each, nothing parsed). ``build`` parses all of them at once with numpy: one
+pass per column over every row finds each value's kind (text, NULL, unchanged TOAST), offset and length in the
+joined messages; each column's values are gathered into one Arrow binary array and converted by the snapshot's
+COPY-text converters (``copytext.CopyDecoder.wire_column``). No Python value, tuple or row dict is made per
+column value, and the Python work per message is one list append.
 
 The semantics are the row path's (``stream.PgStream._row_event`` with ``shape.RowDecoder``), value for value:
 
@@ -13,25 +15,66 @@ The semantics are the row path's (``stream.PgStream._row_event`` with ``shape.Ro
   row, whose value then fills it in (the old row's NULL too); in an old tuple it is NULL;
 * a 'K' tuple's other columns are not part of the old row (NULL in ``before``, absent from ``events()``);
 * ``key_changed``: an update with an old tuple whose key (``schema.key``) differs from the new row's.
+
+Messages are checked as strictly as the row path reads them (tags, tuple markers, column counts, column
+kinds) and more: every tuple must end exactly where its message does, so a malformed message is a
+``ProtocolError``, never shifted values.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcd.events import BEFORE_FULL, BEFORE_KEY, BEFORE_NONE, ChangeBlock
+from cdcd.events import BEFORE_FULL, BEFORE_KEY, ChangeBlock
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres.copytext import CopyDecoder
-from cdcd.sources.postgres.pgoutput import UNCHANGED_TOAST, TupleValue, _tuple
 from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.shape import TableShape, Warnings
 
 _I, _U, _D = ord("I"), ord("U"), ord("D")
 _N, _K, _O = ord("N"), ord("K"), ord("O")
+_TEXT, _BINARY, _NULL, _UNCHANGED = ord("t"), ord("b"), ord("n"), ord("u")
+_PAD = bytes(8)  # reads of a malformed message's lengths past the end stay inside the buffer
+#: Above this many bytes per value on average a column is gathered by slicing (numpy's gather index costs
+#: 4 bytes per value byte).
+_SLICE_ABOVE = 256
+_OPS = np.array(["c", "u", "d"])
 
-Tuple = tuple[TupleValue, ...]
+
+class _Tuples:
+    """The parsed TupleData of ``m`` messages: per column and row the kind byte, value offset and length."""
+
+    __slots__ = ("end", "kind", "size", "start")
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, width: int, table: object) -> None:
+        m = len(starts)
+        limit = len(buf) - len(_PAD)
+        cur = np.minimum(starts, limit)
+        count = buf[cur].astype(np.int64) << 8 | buf[cur + 1]
+        if m and (count != width).any():
+            bad = int(count[count != width][0])
+            raise ProtocolError(f"pgoutput: a tuple of {table} has {bad} columns, its Relation message {width}")
+        self.kind = np.empty((width, m), np.uint8)
+        self.start = np.empty((width, m), np.int64)
+        self.size = np.zeros((width, m), np.int64)
+        cur = starts + 2
+        for j in range(width):
+            at = np.minimum(cur, limit)
+            kind = buf[at]
+            text = (kind == _TEXT) | (kind == _BINARY)
+            if not (text | (kind == _NULL) | (kind == _UNCHANGED)).all():
+                odd = kind[~(text | (kind == _NULL) | (kind == _UNCHANGED))][0]
+                raise ProtocolError(f"pgoutput: unknown tuple column kind {chr(int(odd))!r}")
+            size = (buf[at + 1].astype(np.int64) << 24 | buf[at + 2].astype(np.int64) << 16
+                    | buf[at + 3].astype(np.int64) << 8 | buf[at + 4])
+            size = np.where(text, size, 0)
+            self.kind[j], self.start[j], self.size[j] = kind, at + 5, size
+            cur = cur + np.where(text, 5 + size, 1)
+        self.end = cur
 
 
 class BlockBuilder:
@@ -42,140 +85,116 @@ class BlockBuilder:
         self._names = shape.schema.column_names
         self._identity = tuple(n for n, ident in zip(self._names, shape.identity, strict=True) if ident)
         # 'K' tuples: the non-identity columns are not part of the old row (the server sends them as NULL)
-        self._not_identity = [j for j, ident in enumerate(shape.identity) if not ident]
+        self._not_identity = np.array([not ident for ident in shape.identity], dtype=bool)
         self._convert = CopyDecoder(shape, warnings)
         self._schema = pa.schema([pa.field(c.name, c.type) for c in shape.schema.columns])
         self._key = [self._names.index(k) for k in shape.schema.key]
-        self._clear()
-
-    def _clear(self) -> None:
-        self.rows: list[Tuple] = []  # the landed tuple of each row (new for c/u, old for d)
-        self._ops: list[str] = []
-        self._olds: list[Tuple] = []  # the old tuples, of the rows in ``_old_rows``
-        self._old_rows: list[int] = []
-        self._old_kinds: list[int] = []
-        self._unavailable: dict[int, tuple[str, ...]] = {}
+        self.messages: list[bytes] = []
+        self.add = self.messages.append  # one Insert, Update or Delete message of this table (protocol-1 form)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.messages)
 
-    def add(self, data: bytes) -> None:
-        """One Insert, Update or Delete message of this table (protocol-1 form)."""
-        tag = data[0]
-        row = len(self.rows)
-        if tag == _I:
-            if data[5] != _N:
-                raise ProtocolError("pgoutput: Insert without a new tuple")
-            new, _ = _tuple(data, 6)
-            self._ops.append("c")
-            self._new(row, new, None)
-            return
-        if tag == _U:
-            pos = 5
-            marker = data[pos]
-            old: Tuple | None = None
-            kind = BEFORE_NONE
-            if marker in (_K, _O):
-                kind = BEFORE_KEY if marker == _K else BEFORE_FULL
-                old, pos = _tuple(data, pos + 1)
-                marker = data[pos]
-            if marker != _N:
-                raise ProtocolError("pgoutput: Update without a new tuple")
-            new, _ = _tuple(data, pos + 1)
-            self._ops.append("u")
-            self._new(row, new, old if kind == BEFORE_FULL else None)
-            if old is not None:
-                self._old(row, old, kind)
-            return
-        if tag == _D:
-            kind = BEFORE_FULL if data[5] == _O else BEFORE_KEY
-            old, _ = _tuple(data, 6)
-            old = self._old(row, old, kind)
-            self._ops.append("d")
-            self.rows.append(old)
-            return
-        raise ProtocolError(f"pgoutput: {data[:1]!r} is not a row message")
-
-    def _new(self, row: int, new: Tuple, full_old: Tuple | None) -> None:
-        if UNCHANGED_TOAST in new:
-            values = list(new)
-            gone: list[str] = []
-            for j, v in enumerate(values):
-                if v is UNCHANGED_TOAST:
-                    if full_old is not None and full_old[j] is not UNCHANGED_TOAST:
-                        values[j] = full_old[j]  # the whole old row has the value (or its NULL)
-                    else:
-                        values[j] = None
-                        gone.append(self._names[j])
-            if gone:
-                self._unavailable[row] = tuple(gone)
-            new = tuple(values)
-        self.rows.append(new)
-
-    def _old(self, row: int, old: Tuple, kind: int) -> Tuple:
-        if kind == BEFORE_KEY and self._not_identity:
-            values = list(old)
-            for j in self._not_identity:
-                values[j] = None
-            old = tuple(values)
-        if UNCHANGED_TOAST in old:
-            old = tuple(None if v is UNCHANGED_TOAST else v for v in old)
-        self._olds.append(old)
-        self._old_rows.append(row)
-        self._old_kinds.append(kind)
-        return old
-
-    def build(self, start: PgPosition, tx_id: str | None, commit_ts: object) -> ChangeBlock:
+    def build(self, start: PgPosition, tx_id: str | None, commit_ts: Any) -> ChangeBlock:
         """The gathered rows as one block whose first row is at ``start``; the builder starts empty again."""
-        n = len(self.rows)
-        schema = self.shape.schema
-        data = self._table(self.rows)
-        before = kinds = changed = None
-        if self._olds:
-            compact = self._table(self._olds)
-            # every row gets a before row: NULL (via a NULL index) where the message had no old tuple
-            index = np.full(n, -1, dtype=np.int64)
-            index[self._old_rows] = np.arange(len(self._old_rows))
-            take = pa.array(index, mask=index < 0)
-            before = compact.take(take)
-            kind = np.zeros(n, dtype=np.int8)
-            kind[self._old_rows] = self._old_kinds
-            kinds = pa.array(kind)
-            changed = self._key_changed(data, before)
-        unavailable = None
-        if self._unavailable:
-            unavailable = tuple(self._unavailable.get(i, ()) for i in range(n))
-        block = ChangeBlock(schema, start, pa.array(self._ops, pa.string()), data, before, kinds, self._identity,
-                            unavailable, changed, tx_id, commit_ts)  # type: ignore[arg-type]
-        self._clear()
-        return block
-
-    def _table(self, tuples: list[Tuple]) -> pa.Table:
+        messages = self.messages
+        n = len(messages)
         width = len(self._names)
-        for t in tuples:
-            if len(t) != width:
-                raise ProtocolError(f"pgoutput: a tuple of {self.shape.table} has {len(t)} columns, its Relation "
-                                    f"message {width}")
-        columns = list(zip(*tuples, strict=True))
-        arrays = [self._convert.wire_column(j, columns[j]) for j in range(width)]
+        table = self.shape.table
+        lengths = np.fromiter(map(len, messages), np.int64, n)
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        buf = np.frombuffer(b"".join(messages) + _PAD, np.uint8)
+        messages.clear()
+        if (lengths < 6).any():
+            raise ProtocolError(f"pgoutput: a row message of {table} is truncated")
+        tags = buf[starts]
+        marker = buf[starts + 5]
+        insert, update, delete = tags == _I, tags == _U, tags == _D
+        if not (insert | update | delete).all():
+            raise ProtocolError(f"pgoutput: {bytes([tags[~(insert | update | delete)][0]])!r} is not a row message")
+        if (insert & (marker != _N)).any():
+            raise ProtocolError("pgoutput: Insert without a new tuple")
+        has_old = delete | (update & ((marker == _K) | (marker == _O)))
+        full = has_old & (marker == _O)
+        # the old tuples (K or O), then each message's new tuple (inserts and updates)
+        old_rows = np.flatnonzero(has_old)
+        old = _Tuples(buf, starts[old_rows] + 6, width, table)
+        new_start = starts + 6
+        upd_old = update[old_rows]
+        after_old = old.end[upd_old]
+        if (buf[np.minimum(after_old, len(buf) - 1)] != _N).any():
+            raise ProtocolError("pgoutput: Update without a new tuple")
+        new_start[old_rows[upd_old]] = after_old + 1
+        if (update & ~has_old & (marker != _N)).any():
+            raise ProtocolError("pgoutput: Update without a new tuple")
+        new_rows = np.flatnonzero(~delete)
+        new = _Tuples(buf, new_start[new_rows], width, table)
+        if (new.end != ends[new_rows]).any() or (old.end[~upd_old] != ends[old_rows[~upd_old]]).any():
+            raise ProtocolError(f"pgoutput: a row message of {table} does not end where its tuple does")
+        # a 'K' tuple holds the identity columns only
+        key_only = ~full[old_rows]
+        old.kind[np.ix_(self._not_identity, key_only)] = _NULL
+        # what lands: the new tuple, a delete's old tuple
+        kind = np.full((width, n), _NULL, np.uint8)
+        vstart = np.zeros((width, n), np.int64)
+        size = np.zeros((width, n), np.int64)
+        kind[:, new_rows], vstart[:, new_rows], size[:, new_rows] = new.kind, new.start, new.size
+        dels = old_rows[~upd_old]
+        kind[:, dels], vstart[:, dels], size[:, dels] = old.kind[:, ~upd_old], old.start[:, ~upd_old], \
+            old.size[:, ~upd_old]
+        # unchanged TOAST in an update's new tuple: the whole old row fills it in (its NULL too)
+        full_upd = old_rows[upd_old & full[old_rows]]
+        if len(full_upd):
+            pick = upd_old & full[old_rows]
+            gone = kind[:, full_upd] == _UNCHANGED
+            fill = gone & (old.kind[:, pick] != _UNCHANGED)
+            if fill.any():
+                for arr, src in ((kind, old.kind), (vstart, old.start), (size, old.size)):
+                    sub = arr[:, full_upd]
+                    sub[fill] = src[:, pick][fill]
+                    arr[:, full_upd] = sub
+        unavailable = None
+        missing = (kind == _UNCHANGED) & ~delete
+        if missing.any():
+            names = self._names
+            rows: list[tuple[str, ...]] = [()] * n
+            for r in np.flatnonzero(missing.any(axis=0)).tolist():
+                rows[r] = tuple(names[j] for j in np.flatnonzero(missing[:, r]).tolist())
+            unavailable = tuple(rows)
+        data = self._table(buf, kind, vstart, size)
+        before = kinds = changed = None
+        if len(old_rows):
+            bkind = np.full((width, n), _NULL, np.uint8)
+            bstart = np.zeros((width, n), np.int64)
+            bsize = np.zeros((width, n), np.int64)
+            bkind[:, old_rows], bstart[:, old_rows], bsize[:, old_rows] = old.kind, old.start, old.size
+            before = self._table(buf, bkind, bstart, bsize)
+            code = np.zeros(n, np.int8)
+            code[old_rows] = np.where(full[old_rows], BEFORE_FULL, BEFORE_KEY)
+            kinds = pa.array(code)
+            changed = self._key_changed(update & has_old, data, before)
+        ops = pa.array(_OPS[np.where(insert, 0, np.where(update, 1, 2))], pa.string())
+        return ChangeBlock(self.shape.schema, start, ops, data, before, kinds, self._identity, unavailable, changed,
+                           tx_id, commit_ts)
+
+    def _table(self, buf: np.ndarray, kind: np.ndarray, start: np.ndarray, size: np.ndarray) -> pa.Table:
+        arrays = []
+        for j in range(len(self._names)):
+            valid = (kind[j] == _TEXT) | (kind[j] == _BINARY)
+            arrays.append(self._convert.wire_column(j, _gather(buf, valid, start[j], size[j])))
         return pa.Table.from_arrays(arrays, schema=self._schema)
 
-    def _key_changed(self, data: pa.Table, before: pa.Table) -> pa.Array | None:
-        """Updates with an old tuple whose old key is not equal (as Python's ``==`` on the key tuples) to the
-        new one; None when there is none."""
-        if not self._key:
+    def _key_changed(self, candidates: np.ndarray, data: pa.Table, before: pa.Table) -> pa.Array | None:
+        """Updates with an old tuple (``candidates``) whose old key is not equal (as Python's ``==`` on the
+        key tuples) to the new one; None when there is none."""
+        if not self._key or not candidates.any():
             return None
-        ops = np.array([o == "u" for o in self._ops])
-        has_old = np.zeros(len(ops), dtype=bool)
-        has_old[self._old_rows] = True
-        candidates = ops & has_old
-        if not candidates.any():
-            return None
-        same = np.ones(len(ops), dtype=bool)
+        same = np.ones(len(candidates), dtype=bool)
         for j in self._key:
             new, old = data.column(j), before.column(j)
             if pa.types.is_nested(new.type):
-                eq = np.array([a == b for a, b in zip(new.to_pylist(), old.to_pylist(), strict=True)])
+                eq = np.array([a == b for a, b in zip(new.to_pylist(), old.to_pylist(), strict=True)], dtype=bool)
             else:
                 both_null = pc.and_(pc.is_null(new), pc.is_null(old))
                 equal = pc.fill_null(pc.equal(new, old), False)
@@ -185,3 +204,28 @@ class BlockBuilder:
         if not changed.any():
             return None
         return pa.array(changed)
+
+
+def _gather(buf: np.ndarray, valid: np.ndarray, start: np.ndarray, size: np.ndarray) -> pa.Array:
+    """The values at ``buf[start:start + size]`` (NULL where not ``valid``) as one binary array."""
+    n = len(valid)
+    sizes = np.where(valid, size, 0)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    total = int(offsets[-1])
+    if total and total > _SLICE_ABOVE * n:  # few large values: one slice each beats a gather index per byte
+        raw = buf.data.cast("B")
+        data = np.frombuffer(b"".join([raw[s:s + z] for s, z in zip(start[valid].tolist(), sizes[valid].tolist(),
+                                                                      strict=True)]), np.uint8)
+    elif total:
+        idx = np.repeat((start - offsets[:-1]).astype(np.int64), sizes) + np.arange(total, dtype=np.int64)
+        data = buf[idx]
+    else:
+        data = np.zeros(0, np.uint8)
+    nulls = n - int(valid.sum())
+    bitmap = None if not nulls else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    # a block is cut at BLOCK_BYTES before a message is added, and a message is at most 1 GB: never reached
+    if total >= 1 << 31:
+        raise ProtocolError(f"pgoutput: {total} bytes of one column in one block (more than 2 GB)")
+    return pa.Array.from_buffers(pa.binary(), n, [bitmap, pa.py_buffer(offsets.astype(np.int32)),
+                                                  pa.py_buffer(data)], null_count=nulls)

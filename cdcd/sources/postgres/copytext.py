@@ -225,13 +225,15 @@ class CopyDecoder:
             return self._per_value(i, col)  # the CSV reader's parsing is not there: the stream's converter
         return self._column(i, col, escaped=False)
 
-    def wire_column(self, i: int, values: Sequence[bytes | None]) -> pa.Array:
-        """Column ``i`` from pgoutput's text values (the type's text output as sent, no COPY escapes; None is
-        NULL), converted as a whole: what the stream's per-value converter gives, value for value."""
+    def wire_column(self, i: int, col: pa.Array) -> pa.Array:
+        """Column ``i`` from pgoutput's text values (the type's text output as sent, no COPY escapes), as a
+        binary array (NULL is NULL), converted as a whole: what the stream's per-value converter gives, value
+        for value."""
         try:
-            col = pa.array(values, pa.string())
-        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
-            return self._per_value_raw(i, values)  # not UTF-8: as the converter (NULL plus a warning)
+            col = col.view(pa.string())
+            col.validate(full=True)
+        except pa.ArrowInvalid:
+            return self._per_value_raw(i, col.view(pa.binary()).to_pylist())  # not UTF-8: NULL plus a warning
         kind = self._kinds[i]
         if kind is _Kind.PARSED or kind is _Kind.FLOAT4:
             arrow = self.shape.schema.columns[i].type
