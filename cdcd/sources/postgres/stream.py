@@ -7,9 +7,11 @@ the coordinator's (``cdcd/capture/coordinator.py``).
 
 Row changes go out as ``ChangeBlock``s (``columnar.py``): the consecutive row messages of one relation inside
 one transaction, cut at any other message (Begin, Commit, Relation, Truncate, ...), at a row of another
-relation, at the end of what one socket read brought (so a block never waits for more data) and at
-``BLOCK_ROWS`` rows or ``BLOCK_BYTES`` bytes. ``columnar=False`` keeps the row path (one ``ChangeEvent`` per
-row): the differential tests compare the two.
+relation and at ``BLOCK_ROWS`` rows or ``BLOCK_BYTES`` bytes. A block may span socket reads: the server sends
+a transaction's changes after its commit (protocol 1) or cdcd replays it from its spool (protocol 2), so
+its Commit follows its rows without waiting for the source, and a block per read would be a few dozen wide
+rows, too few for the per-column work to pay. ``columnar=False`` keeps the row path (one ``ChangeEvent``
+per row): the differential tests compare the two.
 """
 
 from __future__ import annotations
@@ -252,10 +254,6 @@ class PgStream:
                 elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX \
                         and not msg.transactional:
                     yield Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0))
-            if block is not None:  # never hold rows back waiting for the next read
-                if len(block):
-                    yield block.build(PgPosition(commit_lsn, first), xid, commit_ts)
-                block = None
 
     def _row_event(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, dec: RowDecoder,
                    pos: PgPosition, xid: str | None, commit_ts: datetime | None) -> ChangeEvent:
