@@ -102,7 +102,8 @@ class BlockBuilder:
         lengths = np.fromiter(map(len, messages), np.int64, n)
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        buf = np.frombuffer(b"".join(messages) + _PAD, np.uint8)
+        messages.append(_PAD)
+        buf = np.frombuffer(b"".join(messages), np.uint8)  # one copy, padded
         messages.clear()
         if (lengths < 6).any():
             raise ProtocolError(f"pgoutput: a row message of {table} is truncated")

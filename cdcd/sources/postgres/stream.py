@@ -56,10 +56,11 @@ STATUS_INTERVAL_S = 5.0
 #: The first major version whose pgoutput streams in-progress transactions (protocol 2).
 STREAMING_SINCE = 14
 REPLACED_CHECK_S = 5.0  # how often the captured tables' relation OIDs are compared with the decoded ones
-#: A ChangeBlock is cut at this many rows or wire bytes: bounds the memory of a block being gathered (an
-#: in-progress transaction's replay hands over many messages at once) and keeps Arrow's work per call large.
+#: A ChangeBlock is cut at this many rows or wire bytes: bounds the memory a block holds while it is gathered
+#: and converted (about three times its wire bytes at the peak: the joined messages, the Arrow columns, the
+#: landed table), and is still enough rows for the per-column work to pay (700 rows of 1.5 kB).
 BLOCK_ROWS = 8192
-BLOCK_BYTES = 8 << 20
+BLOCK_BYTES = 1 << 20
 _ROW_TAGS = frozenset(b"IUD")
 
 
