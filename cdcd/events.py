@@ -1,21 +1,26 @@
 """The event model shared by every source, the runtime and the sinks.
 
 A source turns the database's change stream into ``ChangeEvent`` values (row
-changes), ``RowBlock`` values (many rows of one table at one position, already
-in Arrow columns: bulk snapshot reads) and ``Mark`` values (position-only
-progress such as heartbeats or "table snapshot finished"). All are ``Item``s:
-totally ordered by position, batched by the runtime and committed through the
-commit barrier. ChangeEvents and the rows of RowBlocks are landed.
+changes), ``ChangeBlock`` values (consecutive streamed row changes of one table
+in one transaction, as Arrow columns), ``RowBlock`` values (many rows of one
+table at one position, already in Arrow columns: bulk snapshot reads) and
+``Mark`` values (position-only progress such as heartbeats or "table snapshot
+finished"). All are ``Item``s: totally ordered by position, batched by the
+runtime and committed through the commit barrier. ChangeEvents and the rows of
+ChangeBlocks and RowBlocks are landed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdcd.positions import Position
 
@@ -193,6 +198,152 @@ class RowBlock:
                 for row in self.data.to_pylist()]
 
 
+#: ``ChangeBlock.before_kind`` codes: no old row, the old key (replica identity columns only), the whole old row.
+BEFORE_NONE, BEFORE_KEY, BEFORE_FULL = 0, 1, 2
+_OPS = {"c": Op.CREATE, "u": Op.UPDATE, "d": Op.DELETE}
+
+
+@dataclass(slots=True)
+class ChangeBlock:
+    """Consecutive streamed row changes of one table and schema version inside one transaction, as Arrow columns.
+
+    Row ``i`` is the change a ``ChangeEvent`` would carry at ``position_at(i)``: the positions of a block are
+    its first row's position (``start``) and the next ``rows - 1`` sequence numbers, so ``position`` (the
+    last row's, what the runtime and the checkpoint look at) and every row's come from ``start`` alone.
+
+    * ``ops``: each row's ``_cdc_op`` code (c, u or d);
+    * ``data``: the landed values in ``schema`` order and landed types: the new row of c/u, the old row of d
+      (as ``ChangeEvent``: a delete lands its ``before``); unavailable values are NULL;
+    * ``before`` (None when no row has one): each row's old values, NULL where ``before_kind`` is
+      ``BEFORE_NONE``; for ``BEFORE_KEY`` rows only the ``identity`` columns belong to the old row;
+    * ``unavailable`` (None when no row has any): each row's unavailable (unchanged TOAST) column names;
+    * ``key_changed`` (None when no row changed its key): updates whose old key differs from the new one.
+
+    ``events()`` gives the ChangeEvents (slow: for tests and for callers that need Python rows).
+    """
+
+    schema: TableSchema
+    start: Position
+    ops: pa.Array
+    data: pa.Table
+    before: pa.Table | None = None
+    before_kind: pa.Array | None = None
+    identity: tuple[str, ...] = ()
+    unavailable: tuple[tuple[str, ...], ...] | None = None
+    key_changed: pa.Array | None = None
+    tx_id: str | None = None
+    commit_ts: datetime | None = None
+    snapshot: bool = False
+
+    @property
+    def table(self) -> TableId:
+        return self.schema.table
+
+    @property
+    def rows(self) -> int:
+        return int(self.data.num_rows)
+
+    def position_at(self, index: int) -> Position:
+        return dataclasses.replace(self.start, seq=self.start.seq + index)
+
+    @property
+    def position(self) -> Position:
+        """The last row's position."""
+        return self.position_at(self.rows - 1)
+
+    def slice(self, offset: int, length: int | None = None) -> ChangeBlock:
+        """Rows ``offset`` to ``offset + length`` (zero-copy for the Arrow parts)."""
+        end = self.rows if length is None else min(self.rows, offset + length)
+        return ChangeBlock(
+            self.schema, self.position_at(offset), self.ops.slice(offset, end - offset),
+            self.data.slice(offset, end - offset),
+            None if self.before is None else self.before.slice(offset, end - offset),
+            None if self.before_kind is None else self.before_kind.slice(offset, end - offset), self.identity,
+            None if self.unavailable is None else self.unavailable[offset:end],
+            None if self.key_changed is None else self.key_changed.slice(offset, end - offset),
+            self.tx_id, self.commit_ts, self.snapshot)
+
+    def after(self, position: Position) -> ChangeBlock | None:
+        """The rows whose position is above ``position`` (None: no row is); the block itself when all are."""
+        if self.start > position:  # type: ignore[operator]
+            return self
+        if self.position <= position:  # type: ignore[operator]
+            return None
+        # Only a position of this block's transaction (same commit point) can fall inside it.
+        skip = position.seq - self.start.seq + 1
+        return self.slice(skip)
+
+    def encoded_positions(self) -> pa.Array:
+        """``_cdc_pos`` of every row: the first row's encoding with each row's sequence number."""
+        head = self.start.encoded
+        seq = self.start.seq
+        digits = f"{seq:010d}"
+        if not head.endswith(digits):
+            raise ValueError(f"position {head} does not end with its sequence number {digits}")
+        seqs = pa.array(np.arange(seq, seq + self.rows, dtype=np.int64)).cast(pa.string())
+        padded = pc.utf8_lpad(seqs, 10, "0")
+        return pc.binary_join_element_wise(head[: -len(digits)], padded, "")
+
+    def key_rows(self) -> list[tuple[Any, ...]] | None:
+        """Each row's key (``ChangeEvent.key``: the new key, the deleted key for deletes); None without a key."""
+        if not self.schema.key:
+            return None
+        columns = [self.data.column(k).to_pylist() for k in self.schema.key]
+        return list(zip(*columns, strict=True))
+
+    def before_keys(self) -> list[tuple[Any, ...] | None]:
+        """Each row's ``ChangeEvent.before_key``: the old key of an update that changed it, else None."""
+        out: list[tuple[Any, ...] | None] = [None] * self.rows
+        if self.key_changed is None or self.before is None or not self.schema.key:
+            return out
+        changed = np.flatnonzero(self.key_changed.to_numpy(zero_copy_only=False))
+        if not len(changed):
+            return out
+        picked = self.before.select(list(self.schema.key)).take(pa.array(changed))
+        columns = [picked.column(k).to_pylist() for k in self.schema.key]
+        for i, key in zip(changed.tolist(), zip(*columns, strict=True), strict=True):
+            out[i] = key
+        return out
+
+    def events(self) -> list[ChangeEvent]:
+        """The rows as ChangeEvents (slow: for tests, and for callers that need Python rows)."""
+        rows = self.data.to_pylist()
+        ops = [_OPS[o] for o in self.ops.to_pylist()]
+        olds: list[dict[str, Any] | None] = [None] * self.rows
+        if self.before is not None and self.before_kind is not None:
+            for i, (kind, old) in enumerate(zip(self.before_kind.to_pylist(), self.before.to_pylist(), strict=True)):
+                if kind == BEFORE_FULL:
+                    olds[i] = old
+                elif kind == BEFORE_KEY:
+                    olds[i] = {k: old[k] for k in self.identity}
+        missing = self.unavailable or ((),) * self.rows
+        out = []
+        for i, (op, row, old, gone) in enumerate(zip(ops, rows, olds, missing, strict=True)):
+            deleted = op is Op.DELETE
+            out.append(ChangeEvent(op, self.schema, self.position_at(i), before=old, after=None if deleted else row,
+                                   tx_id=self.tx_id, commit_ts=self.commit_ts, snapshot=self.snapshot,
+                                   unavailable=gone))
+        return out
+
+    def touched(self) -> list[tuple[Position, str | None, tuple[Any, ...], bool]]:
+        """(position, tx, key, partial) of every key the rows touch, old keys of key changes too (the incremental
+        snapshot's window records exactly these of a ChangeEvent: ``key``, with ``partial`` when the row lacks a
+        column's value (``unavailable``), and ``before_key``)."""
+        keys = self.key_rows()
+        if keys is None:
+            return []
+        olds = self.before_keys() if self.key_changed is not None else None
+        missing = self.unavailable
+        out: list[tuple[Position, str | None, tuple[Any, ...], bool]] = []
+        tx = self.tx_id
+        for i, key in enumerate(keys):
+            at = self.position_at(i)
+            out.append((at, tx, key, bool(missing and missing[i])))
+            if olds is not None and olds[i] is not None:
+                out.append((at, tx, olds[i], False))  # type: ignore[arg-type]
+        return out
+
+
 class MarkKind(enum.StrEnum):
     """What a ``Mark`` records. One set for every source; each source's ``fold`` reads the kinds it emits.
 
@@ -237,14 +388,14 @@ class Mark:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-Item = ChangeEvent | Mark | RowBlock
+Item = ChangeEvent | Mark | RowBlock | ChangeBlock
 
 
 def event_count(item: Item) -> int:
     """How many landed rows an item stands for."""
     if type(item) is ChangeEvent:
         return 1
-    if type(item) is RowBlock:
+    if type(item) is RowBlock or type(item) is ChangeBlock:
         return item.rows
     return 0
 

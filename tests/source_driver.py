@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Self
 
-from cdcd.events import ChangeEvent, Item, Mark, Op, RowBlock
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, Op, RowBlock
 from cdcd.positions import Position
 from cdcd.runtime.interfaces import ResumePoint, Source
 
@@ -20,8 +20,8 @@ def opening_truncate(item: Item) -> bool:
 class SourceDriver:
     """Pulls items from a source; ``commit()`` folds and confirms like the runtime's commit barrier.
 
-    With ``expand_blocks`` (the default) every RowBlock is handed out as the ChangeEvents of its
-    rows (converted from its Arrow columns, i.e. the values that land), so tests can look at and
+    With ``expand_blocks`` (the default) every RowBlock and ChangeBlock is handed out as the ChangeEvents
+    of its rows (converted from its Arrow columns, i.e. the values that land), so tests can look at and
     commit single rows; ``expand_blocks=False`` hands out the blocks as the source made them.
     """
 
@@ -65,8 +65,12 @@ class SourceDriver:
             if self.expand_blocks and isinstance(item, RowBlock):
                 self._expanded.extend(item.events())
                 continue
+            if self.expand_blocks and isinstance(item, ChangeBlock):
+                # the runtime's skip rule, row by row
+                self._expanded.extend(e for e in item.events() if self.position is None or e.position > self.position)
+                continue
             # The runtime drops already-committed stream events on resume.
-            if isinstance(item, ChangeEvent) and not item.snapshot and self.position is not None \
+            if isinstance(item, ChangeEvent | ChangeBlock) and not item.snapshot and self.position is not None \
                     and item.position <= self.position:
                 continue
             self.pending.append(item)

@@ -12,7 +12,8 @@ runs them in that order and owns what is the same for every source:
 * a ``Restream`` (the source changed what its stream reads, e.g. MariaDB's table filter on a reload): read the
   stream again from the last delivered position at once, no backoff;
 * the skip rule after a reconnect: a stream re-read from an earlier point re-sends items; every item at or before
-  the last delivered position is dropped (identity marks excepted: they describe the new connection);
+  the last delivered position is dropped (identity marks excepted: they describe the new connection); a
+  ``ChangeBlock`` that reaches past that position keeps its rows above it;
 * incremental snapshots (``incremental.py``): while the stream runs, a task reads chunks between watermarks and
   the stream loop delivers each chunk's unsuperseded rows when the stream reaches the chunk's high watermark.
 
@@ -30,7 +31,7 @@ from cdcd.capture.contracts import CapturePlan, Replan, Restream, StreamReader
 from cdcd.capture.incremental import Incremental
 from cdcd.config import Config
 from cdcd.errors import SourceError
-from cdcd.events import Item, Mark, MarkKind, snapshot_truncates
+from cdcd.events import ChangeBlock, Item, Mark, MarkKind, snapshot_truncates
 from cdcd.positions import Position
 from cdcd.retry import source_backoff
 
@@ -119,6 +120,8 @@ class CaptureCoordinator:
                         if not passes:
                             continue  # delivered before the reconnect
                     elif not passes:
+                        if last is not None and type(item) is ChangeBlock:
+                            item = item.after(last) or item  # rows up to ``last`` were delivered (never None here)
                         self.last = last = pos
                         self.last_item = item
                     if retry.attempts:

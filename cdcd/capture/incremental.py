@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError
-from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
 from cdcd.positions import Position, position_from_json
 from cdcd.retry import source_backoff
 
@@ -116,7 +116,11 @@ class Window:
         # without some column's value (``unavailable``)
         self._seen: list[tuple[Position, str | None, tuple[Any, ...] | None, bool]] = []
 
-    def record(self, ev: ChangeEvent) -> None:
+    def record(self, ev: ChangeEvent | ChangeBlock) -> None:
+        if type(ev) is ChangeBlock:  # its rows' keys and key changes, exactly as one ChangeEvent per row
+            self._seen.extend(ev.touched())
+            return
+        assert type(ev) is ChangeEvent
         if ev.op is Op.TRUNCATE:
             self._seen.append((ev.position, ev.tx_id, None, False))
             return
@@ -152,6 +156,16 @@ class Window:
         read, with a later snapshot and a later LW, sees them too)."""
         hw, invisible = chunk.hw, chunk.invisible
         self._seen = [s for s in self._seen if s[0] > hw or invisible(s[1])]  # type: ignore[operator]
+
+
+def partial_key_changes(item: ChangeEvent | ChangeBlock) -> list[ChangeEvent]:
+    """The key changes of ``item`` that did not carry every column (rare: only these rows become events)."""
+    if type(item) is ChangeEvent:
+        return [item] if item.unavailable and item.before_key is not None else []
+    assert type(item) is ChangeBlock
+    if item.unavailable is None or item.key_changed is None:
+        return []
+    return [ev for ev in item.events() if ev.unavailable and ev.before_key is not None]
 
 
 def rows_with(data: pa.Table, key: tuple[str, ...], keys: set[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
@@ -334,7 +348,8 @@ class Incremental:
         if self._out:
             out, self._out = self._out, []
         pending = self.pending
-        if pending is not None and item.position >= pending.hw:  # type: ignore[operator]
+        first = item.start if type(item) is ChangeBlock else item.position  # a block's rows all go after the chunk
+        if pending is not None and first >= pending.hw:  # type: ignore[operator]
             # The stream may have passed the HW before the chunk task set ``pending`` (the read returns after
             # the HW is written): the rows then go at the last delivered position, never below what is already
             # out. No key of theirs ties with a delivered change: every change after the LW took its key out.
@@ -342,15 +357,16 @@ class Incremental:
             if self._delivered is not None and self._delivered > at:  # type: ignore[operator]
                 at = self._delivered
             out.extend(self._finish(pending, at))
-        if isinstance(item, ChangeEvent) and not item.snapshot:
+        if isinstance(item, ChangeEvent | ChangeBlock) and not item.snapshot:
             table = item.schema.table
             if table in self.dropped:
                 return out, False
             window = self.window
             if window is not None and table == window.table:
                 window.record(item)
-            if item.unavailable and item.before_key is not None and self.key_json is not None:
-                out.extend(self._reread_moved(item, out))
+            if item.unavailable and self.key_json is not None:
+                for moved in partial_key_changes(item):
+                    out.extend(self._reread_moved(moved, out))
         if type(item) is not Mark or item.kind not in (MarkKind.IDENTITY, MarkKind.WATERMARK):
             self._delivered = item.position
         return out, True

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from cdcd.events import ChangeEvent, Item, RowBlock
+from cdcd.events import ChangeBlock, ChangeEvent, Item, RowBlock
 from cdcd.runtime.interfaces import Batch
 
 
 class Batcher:
     """Accumulates items; a batch is due when it holds ``max_events`` events or is ``max_delay_s`` old.
 
-    Every row of a RowBlock counts as an event. A block that does not fit the
+    Every row of a RowBlock or ChangeBlock counts as an event. A block that does not fit the
     open batch is split: ``add`` keeps what fits and returns the rest, which
     goes into the next batch, so a batch never holds more than
     ``max_events`` rows. Marks do not count towards ``max_events`` but make a
@@ -26,10 +26,14 @@ class Batcher:
         self.events = 0
         self._opened_at = 0.0
 
-    def add(self, item: Item) -> RowBlock | None:
-        """Add ``item``; for a RowBlock larger than the room left, return the part that did not fit."""
-        rest: RowBlock | None = None
-        if type(item) is RowBlock:
+    def add(self, item: Item) -> RowBlock | ChangeBlock | None:
+        """Add ``item``; for a block larger than the room left, return the part that did not fit.
+
+        A ChangeBlock cut here is a mid-transaction batch cut: its rows keep their positions, so the batch
+        ends at the last row it holds, exactly as it would with one ChangeEvent per row.
+        """
+        rest: RowBlock | ChangeBlock | None = None
+        if type(item) is RowBlock or type(item) is ChangeBlock:
             room = max(self.max_events - self.events, 1)  # a full batch is sealed before the next add
             if item.rows > room:
                 item, rest = item.slice(0, room), item.slice(room)

@@ -41,12 +41,12 @@ class Batch:
 
     @property
     def events(self) -> list[ChangeEvent]:
-        """The ChangeEvent items (rows of RowBlocks are not expanded)."""
+        """The ChangeEvent items (rows of RowBlocks and ChangeBlocks are not expanded)."""
         return [i for i in self.items if isinstance(i, ChangeEvent)]
 
     @property
     def event_count(self) -> int:
-        """Rows to land: one per ChangeEvent, the rows of every RowBlock."""
+        """Rows to land: one per ChangeEvent, the rows of every RowBlock and ChangeBlock."""
         return sum(event_count(i) for i in self.items)
 
     @property

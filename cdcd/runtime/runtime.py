@@ -35,7 +35,7 @@ import structlog
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
-from cdcd.events import ChangeEvent, Item, Mark, MarkKind, RowBlock, event_count
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, RowBlock, event_count
 from cdcd.positions import Position
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.barrier import CommitBarrier
@@ -200,7 +200,7 @@ class Runtime:
         for i in dropped:
             if type(i) is ChangeEvent:
                 events.append(i)
-            elif type(i) is RowBlock:
+            elif type(i) is RowBlock or type(i) is ChangeBlock:
                 events.extend(i.events())  # the caller gets rows, however they were read
         self._log.warning("force stop: pending events dropped", dropped_events=len(events),
                           committed_batch=self._barrier.committed_seq)
@@ -268,20 +268,27 @@ class Runtime:
                 recovering = False
                 retry.success()
                 self._log.info("source recovered", reconnects=stats.source_reconnects)
-            if isinstance(item, ChangeEvent | RowBlock):
+            if isinstance(item, ChangeEvent | RowBlock | ChangeBlock):
                 rows = event_count(item)
                 if not item.snapshot:
+                    skip = self._skip_upto
                     # Positions of one source kind compare; the checkpoint's kind was checked at start.
-                    if self._skip_upto is not None and item.position <= self._skip_upto:  # type: ignore[operator]
+                    if skip is not None and item.position <= skip:  # type: ignore[operator]
                         stats.events_skipped += rows
                         continue
+                    if skip is not None and type(item) is ChangeBlock:
+                        # a checkpoint cut inside this transaction: the block's rows up to it are committed
+                        kept = item.after(skip)
+                        assert kept is not None  # its last row is above ``skip``
+                        stats.events_skipped += rows - kept.rows
+                        item, rows = kept, kept.rows
                     self._skip_upto = item.position
                 stats.events_seen += rows
             rest: Item | None = item
             while rest is not None:
                 if not batcher.items:
                     opened.set()  # wake the timer: this batch is due max_batch_delay_ms from now
-                rest = batcher.add(rest)  # a RowBlock bigger than the room left is split
+                rest = batcher.add(rest)  # a block bigger than the room left is split
                 if batcher.full:
                     await self._handoff.put(self._seal())
 
@@ -444,7 +451,7 @@ class Runtime:
         per_table = stats.table_events
         for batch in batches:
             for item in batch.items:
-                if type(item) is ChangeEvent or type(item) is RowBlock:
+                if type(item) is ChangeEvent or type(item) is RowBlock or type(item) is ChangeBlock:
                     name = str(item.schema.table)
                     per_table[name] = per_table.get(name, 0) + event_count(item)
         self._log.debug("checkpoint saved", batch=ckpt.batch_seq, position=str(ckpt.position),

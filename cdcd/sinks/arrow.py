@@ -2,8 +2,9 @@
 
 The table's columns come first, in the source's order and Arrow types, then
 the ``_cdc_`` metadata columns (see docs/landing-format.md). Events are
-converted in bulk, one Arrow call per column; a RowBlock already holds the table's columns, so
-only the metadata columns are made, as constant arrays.
+converted in bulk, one Arrow call per column; a RowBlock or a ChangeBlock already holds the table's columns,
+so only the metadata columns are made (constant arrays for a RowBlock, from the block's per-row arrays for a
+ChangeBlock): no Python row is built.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdcd.errors import SinkFatal
-from cdcd.events import ChangeEvent, Op, RowBlock, TableSchema
+from cdcd.events import ChangeBlock, ChangeEvent, Op, RowBlock, TableSchema
 
 META_FIELDS: tuple[pa.Field, ...] = (
     pa.field("_cdc_op", pa.string(), nullable=False),
@@ -151,15 +153,22 @@ def _before_keys(schema: TableSchema, events: Sequence[ChangeEvent]) -> pa.Array
     return pa.array(values, kind) if changed else pa.nulls(len(events), kind)
 
 
-def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block: RowBlock) -> pa.Table:
-    """A RowBlock of ``schema`` whose first row has index ``first_index`` in the batch."""
-    data = block.data
-    n = data.num_rows
+def _check_columns(schema: TableSchema, data: pa.Table, what: str) -> None:
     if data.column_names != list(schema.column_names) or data.schema.types != [c.type for c in schema.columns]:
         raise SinkFatal(
-            f"landing: table {schema.table}: a row block has columns {data.schema} but the table schema is "
-            f"{[(c.name, str(c.type)) for c in schema.columns]}; the source's bulk reader is wrong"
+            f"landing: table {schema.table}: a {what} has columns {data.schema} but the table schema is "
+            f"{[(c.name, str(c.type)) for c in schema.columns]}; the source's columnar decoder is wrong"
         )
+
+
+def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block: RowBlock | ChangeBlock) -> pa.Table:
+    """A RowBlock or ChangeBlock of ``schema`` whose first row has index ``first_index`` in the batch."""
+    if type(block) is ChangeBlock:
+        return change_block_to_table(schema, batch_seq, first_index, block)
+    assert type(block) is RowBlock
+    data = block.data
+    n = data.num_rows
+    _check_columns(schema, data, "row block")
     ts = block.commit_ts.astimezone(UTC) if block.commit_ts else None
     columns: list[pa.Array | pa.ChunkedArray] = list(data.columns)
     columns.append(pa.repeat(pa.scalar(block.op.value, pa.string()), n))
@@ -174,6 +183,40 @@ def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block:
     columns.append(pa.repeat(pa.scalar(schema.version, pa.int64()), n))
     columns.append(pa.nulls(n, before_key_type(schema)))  # snapshot-like rows never change a key
     return pa.Table.from_arrays(columns, schema=arrow_schema(schema))
+
+
+def change_block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block: ChangeBlock) -> pa.Table:
+    """A ChangeBlock's rows with the metadata columns a ChangeEvent per row would get (``events_to_table``)."""
+    data = block.data
+    n = data.num_rows
+    _check_columns(schema, data, "change block")
+    ts = block.commit_ts.astimezone(UTC) if block.commit_ts else None
+    columns: list[pa.Array | pa.ChunkedArray] = list(data.columns)
+    columns.append(block.ops)
+    columns.append(block.encoded_positions())
+    columns.append(pa.repeat(pa.scalar(block.tx_id, pa.string()), n))
+    columns.append(pa.repeat(pa.scalar(ts, pa.timestamp("us", tz="UTC")), n))
+    columns.append(pa.repeat(pa.scalar(block.snapshot, pa.bool_()), n))
+    if block.unavailable is not None:
+        columns.append(pa.array([sorted(names) for names in block.unavailable], pa.list_(pa.string())))
+    else:
+        columns.append(_empty_lists(n))
+    columns.append(pa.repeat(pa.scalar(batch_seq, pa.int64()), n))
+    columns.append(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)))
+    columns.append(pa.repeat(pa.scalar(schema.version, pa.int64()), n))
+    columns.append(_block_before_keys(schema, block))
+    return pa.Table.from_arrays(columns, schema=arrow_schema(schema))
+
+
+def _block_before_keys(schema: TableSchema, block: ChangeBlock) -> pa.Array:
+    """The old key of each update that changed its key (``block.key_changed``), else NULL."""
+    kind = before_key_type(schema)
+    n = block.rows
+    if not schema.key or block.key_changed is None or block.before is None:
+        return pa.nulls(n, kind)
+    changed = block.key_changed
+    keys = [block.before.column(k).combine_chunks() for k in schema.key]
+    return pa.StructArray.from_arrays(keys, fields=list(kind), mask=pc.invert(changed))
 
 
 def describe_schema(schema: TableSchema) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
-from cdcd.events import ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema
+from cdcd.events import ChangeBlock, ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.fsutil import fsync_dir, storage_fix, write_durably
 from cdcd.landing import layout
 from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
@@ -53,10 +53,10 @@ class _Run:
 
 @dataclass(slots=True)
 class _Group:
-    """The rows of one (table, schema version) in a batch, in batch order: runs of events and row blocks."""
+    """The rows of one (table, schema version) in a batch, in batch order: runs of events, row and change blocks."""
 
     schema: TableSchema
-    parts: list[_Run | tuple[int, RowBlock]] = field(default_factory=list)
+    parts: list[_Run | tuple[int, RowBlock | ChangeBlock]] = field(default_factory=list)
     rows: int = 0
 
     def run(self) -> _Run:
@@ -106,7 +106,7 @@ def _group(batch: Batch) -> list[_Group]:
             events.append(item)
             indexes.append(index)
             index += 1
-        elif type(item) is RowBlock and item.rows:
+        elif (type(item) is RowBlock or type(item) is ChangeBlock) and item.rows:
             group = group_of(item.schema)
             group.parts.append((index, item))
             group.rows += item.rows

@@ -225,6 +225,40 @@ class CopyDecoder:
             return self._per_value(i, col)  # the CSV reader's parsing is not there: the stream's converter
         return self._column(i, col, escaped=False)
 
+    def wire_column(self, i: int, col: pa.Array) -> pa.Array:
+        """Column ``i`` from pgoutput's text values (the type's text output as sent, no COPY escapes), as a
+        binary array (NULL is NULL), converted as a whole: what the stream's per-value converter gives, value
+        for value."""
+        try:
+            col = col.view(pa.string())
+            col.validate(full=True)
+        except pa.ArrowInvalid:
+            return self._per_value_raw(i, col.view(pa.binary()).to_pylist())  # not UTF-8: NULL plus a warning
+        kind = self._kinds[i]
+        if kind is _Kind.PARSED or kind is _Kind.FLOAT4:
+            arrow = self.shape.schema.columns[i].type
+            try:
+                if pa.types.is_boolean(arrow):
+                    return pc.or_(pc.equal(col, "t"), pc.equal(col, "true"))
+                if kind is _Kind.FLOAT4:  # through float8, as the stream's converter rounds
+                    return pc.cast(pc.cast(col, pa.float64()), pa.float32())
+                return pc.cast(col, arrow)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return self._per_value(i, col)
+        return self._column(i, col, escaped=False)
+
+    def _per_value_raw(self, i: int, values: Sequence[bytes | None]) -> pa.Array:
+        conv = self._converters[i]
+        column = self.shape.schema.columns[i]
+        out: list[Any] = []
+        for raw in values:
+            try:
+                out.append(None if raw is None else conv(raw.decode()))
+            except (Unrepresentable, ValueError) as exc:
+                self._warnings.once(self.shape.table, column.name, UNREPRESENTABLE, error=str(exc))
+                out.append(None)
+        return pa.array(out, type=column.type)
+
     def _read(self, data: bytes, block: int) -> pa.Table:
         return pacsv.read_csv(pa.py_buffer(data), read_options=pacsv.ReadOptions(use_threads=True, block_size=block),
                               parse_options=self._parse, convert_options=self._convert)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
-from cdcd.events import ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
+from cdcd.events import ChangeBlock, ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
 
@@ -84,6 +84,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     last: dict[str, ChangeEvent | RowBlock] = {}
     counts: dict[str, int] = {}
     for item in items:
+        if isinstance(item, ChangeBlock):  # streamed rows: their progress is the COMMIT mark's
+            continue
         if isinstance(item, ChangeEvent | RowBlock):
             # a snapshot's opening truncate (events.snapshot_truncates) is no progress of its rows
             # rows of an incremental snapshot (while streaming) are no progress of the initial one: their

@@ -17,7 +17,7 @@ from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
 from cdcd.errors import ConfigError
-from cdcd.events import ChangeEvent, Item, Mark, MarkKind
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres import PostgresSource
 
@@ -418,7 +418,10 @@ async def toast_rows(dsn: str) -> dict[tuple[Any, ...], dict[str, Any]]:
 
 
 def unavailable_updates(items: list[Item]) -> list[ChangeEvent]:
-    return [i for i in items if isinstance(i, ChangeEvent) and not i.snapshot and i.unavailable == ("big",)]
+    """The streamed changes that lack the TOASTed value (the rows of ChangeBlocks too)."""
+    events = [e for i in items
+              for e in (i.events() if isinstance(i, ChangeBlock) else [i] if isinstance(i, ChangeEvent) else [])]
+    return [e for e in events if not e.snapshot and e.unavailable == ("big",)]
 
 
 async def test_rows_updated_in_their_chunk_window_without_their_toast_value_are_read_again(
