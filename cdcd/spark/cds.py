@@ -79,8 +79,8 @@ def java_options() -> str:
     found = archive()
     if found is None or not found.is_file():
         return ""
-    # -Xshare:auto (the default): an archive the JVM cannot use is ignored, the run goes on without it
-    return f"-XX:SharedArchiveFile={found} -Xshare:auto"
+    # -Xshare:auto, the default: an archive the JVM cannot use is ignored, the run goes on without it
+    return f"-XX:SharedArchiveFile={found}"
 
 
 def build(force: bool = False) -> Path | None:
