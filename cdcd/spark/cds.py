@@ -105,6 +105,9 @@ def build(force: bool = False) -> Path | None:
         os.replace(tmp, target)  # atomic: a JVM starting meanwhile sees no archive or the whole one
     finally:
         Path(tmp).unlink(missing_ok=True)
+    for old in target.parent.glob("spark-*.jsa"):  # archives of jar sets or JVMs replaced since
+        if old != target:
+            old.unlink(missing_ok=True)
     print(f"cdcd-spark: CDS archive {target} ({target.stat().st_size // 2**20} MB) in "
           f"{time.monotonic() - began:.0f}s", file=sys.stderr)
     return target
@@ -184,7 +187,7 @@ def main(argv: list[str]) -> int:
     force = argv[1:] == ["--force"]
     try:
         built = build(force)
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         print(f"cdcd-spark: no CDS archive: {exc}", file=sys.stderr)
         return 1
     if built is None:
