@@ -81,3 +81,9 @@ for coordinate in $("$VENV/bin/python" -m cdcd.spark.jars); do
         >"$JARS/mvn.log" 2>&1 || { tail -n 20 "$JARS/mvn.log" >&2;
         fail "Maven could not fetch $coordinate from Maven Central (full log: $JARS/mvn.log)"; }
 done
+
+step "CDS archive of the Spark job's classes (.jars/cds/)"
+# A fresh Spark JVM spends a sixth of its CPU loading classes; the archive holds them parsed and
+# verified (cdcd/spark/cds.py). Built once (about a minute) per JDK and jar set; then a file check.
+"$VENV/bin/python" -m cdcd.spark.cds \
+    || echo "bootstrap: warning: no CDS archive (see above); Spark runs start slower without it" >&2

@@ -70,6 +70,9 @@ def local_settings() -> dict[str, str]:
         return {}
     return {
         "spark.jars": ",".join(str(p) for p in jars),
+        # on the JVM's class path too (a local session's driver is its executor): loaded by the application
+        # class loader, the classes can be kept in the class-data sharing archive (cdcd.spark.cds)
+        "spark.driver.extraClassPath": os.pathsep.join(str(p) for p in jars),
         "spark.sql.extensions": f"{DELTA_EXTENSION},{ICEBERG_EXTENSION}",
         "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
         # Delta rebuilds a table's state in this many tasks (default 50): far too many for a local session

@@ -16,7 +16,7 @@ import sys
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from cdcd.spark import jars
+from cdcd.spark import cds, jars
 from cdcd.spark.jars import local_settings
 
 #: Session settings of each table format, fixed when the session starts (Spark refuses to change them later).
@@ -48,11 +48,13 @@ def large_row_settings() -> dict[str, str]:
 
     The JVM heap is fixed when the local session starts: ``CDCD_SPARK_DRIVER_MEMORY`` (default 2g,
     Spark's own default of 1g runs out on a 51 MB value). Under spark-submit, pass them as --conf.
-    The JVM's flags too (``CDCD_SPARK_JAVA_OPTIONS``, default ``JAVA_OPTIONS``).
+    The JVM's flags too (``CDCD_SPARK_JAVA_OPTIONS``, default ``JAVA_OPTIONS``), and the class-data
+    sharing archive when the bootstrap built one (``cdcd.spark.cds``).
     """
+    flags = " ".join(f for f in (os.environ.get("CDCD_SPARK_JAVA_OPTIONS", JAVA_OPTIONS), cds.java_options()) if f)
     return {"spark.driver.memory": os.environ.get("CDCD_SPARK_DRIVER_MEMORY", "2g"),
             "spark.kryoserializer.buffer.max": "1g",
-            "spark.driver.extraJavaOptions": os.environ.get("CDCD_SPARK_JAVA_OPTIONS", JAVA_OPTIONS)}
+            "spark.driver.extraJavaOptions": flags}
 
 
 def _submitted_session(fmt: str) -> None:
