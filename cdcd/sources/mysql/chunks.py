@@ -253,7 +253,7 @@ class MyChunkReader:
         upto = reader.read_upto if reader is not None else None
         if upto is not None and (MySqlPosition.at(*upto).file_index, upto[1]) >= (at.file_index, at.pos):
             # read after read_upto: the set only grows, so it holds every transaction before ``at``
-            return parse_gtid_set(src.flavor, reader.decoder._gtid_text)  # type: ignore[union-attr]
+            return reader.decoder.gtids_read()  # type: ignore[union-attr]
         if asyncio.get_running_loop().time() > deadline:
             raise SourceError(f"{src._where}: the binlog stream has not read up to the chunk's low watermark "
                               f"{at.file}:{at.pos} (read up to {upto}); the chunk is read again")

@@ -95,6 +95,10 @@ class Decoder:
         self.last_ts: datetime | None = None
         self._decoded: dict[int, tuple[Any, _Decoded]] = {}
 
+    def gtids_read(self) -> GtidSet:
+        """A copy of the GTID set of every transaction read so far (``gtid`` itself changes as the stream goes)."""
+        return parse_gtid_set(self.flavor, self._gtid_text)
+
     # ------------------------------------------------------------------ helpers
     def _pos(self) -> MySqlPosition:
         self.seq += 1
