@@ -84,6 +84,6 @@ done
 
 step "CDS archive of the Spark job's classes (.jars/cds/)"
 # A fresh Spark JVM spends a sixth of its CPU loading classes; the archive holds them parsed and
-# verified (cdcd/spark/cds.py). Built once (about a minute) per JDK and jar set; then a file check.
-"$VENV/bin/python" -m cdcd.spark.cds \
+# verified (cdcd/sparkcds.py, cdcd/spark/cds.py). Built once (about a minute) per JDK and jar set; then a file check.
+"$VENV/bin/python" -m cdcd.sparkcds \
     || echo "bootstrap: warning: no CDS archive (see above); Spark runs start slower without it" >&2

@@ -1,4 +1,4 @@
-"""The class-data sharing archive of the Spark job (cdcd/spark/cds.py): built by a real training run,
+"""The class-data sharing archive of the Spark job (cdcd/sparkcds.py, cdcd/spark/cds.py): built by a real training run,
 mapped by a later local session, which then loads Spark's and Delta Lake's classes from it."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cdcd import sparkcds
 from cdcd.spark import cds, jars
 
 pytestmark = pytest.mark.spark
@@ -38,13 +39,13 @@ def test_built_archive_is_mapped_by_a_local_session(tmp_path: Path) -> None:
         pytest.skip("the Delta Lake jars are not cached: run scripts/bootstrap.sh")
     env = {**os.environ, cds.ENV: str(tmp_path)}
     env.pop(cds.DUMP_ENV, None)
-    build = subprocess.run([sys.executable, "-m", "cdcd.spark.cds"], env=env, capture_output=True, text=True,
-                           timeout=cds.BUILD_TIMEOUT)
+    build = subprocess.run([sys.executable, "-m", "cdcd.sparkcds"], env=env, capture_output=True, text=True,
+                           timeout=sparkcds.BUILD_TIMEOUT)
     assert build.returncode == 0, build.stderr[-3000:]
     archives = list(tmp_path.glob("spark-*.jsa"))
     assert len(archives) == 1 and archives[0].stat().st_size > 10 * 2**20, archives
     assert not list(tmp_path.glob("*.tmp")), "the training run's temporary file was left behind"
-    again = subprocess.run([sys.executable, "-m", "cdcd.spark.cds"], env=env, capture_output=True, text=True,
+    again = subprocess.run([sys.executable, "-m", "cdcd.sparkcds"], env=env, capture_output=True, text=True,
                            timeout=60)
     assert again.returncode == 0 and list(tmp_path.glob("spark-*.jsa")) == archives  # a second run: a file check
     # -Xshare:on: a JVM that cannot map the archive refuses to start instead of going on without it
