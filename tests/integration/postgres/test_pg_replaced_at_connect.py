@@ -7,12 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+import pytest
 from pg_helpers import Driver, marks
 from source_driver import replay_covered
 from test_pg_incremental import catch_up, source_of, source_rows
 
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
+from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Item, MarkKind
 
 SETUP = ("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
@@ -142,3 +144,20 @@ async def test_a_checkpoint_without_oids_starts_without_a_flag_and_keeps_them_fr
     sql(REPLACE)
     async with Driver(cfg, position, state) as d:
         assert "public.t" in source_of(d).status()["tables_needing_snapshot"]
+
+
+async def test_a_publication_cdcd_did_not_create_names_the_statement_then_the_table_is_flagged(
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql(SETUP + f"; CREATE PUBLICATION p_{pg_db} FOR TABLE a, t")
+    dsn = pg_server.dsn(pg_db)
+    cfg = config(make_config, pg_db)
+    position, state, _ = await first_run(cfg, dsn)
+    sql(REPLACE)  # while cdcd is stopped: the re-created table is in no publication
+    statement = f'ALTER PUBLICATION "p_{pg_db}" ADD TABLE "public"."t"'
+    with pytest.raises(SourceFatal, match=f"cdcd did not create it, so it does not change it; run: {statement}"):
+        async with Driver(cfg, position, state):
+            pass
+    sql(statement)  # what the error says to run
+    async with Driver(cfg, position, state) as d:
+        status = source_of(d).status()
+    assert "dropped and re-created (relation OID" in status["tables_needing_snapshot"]["public.t"]
