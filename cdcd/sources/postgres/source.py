@@ -220,7 +220,10 @@ class PostgresSource(Source):
             info = self._t.infos.get(t)
             now = info.oid if info is not None else None
             if old is not None and old != now:
-                self._incr.mark_stale(t, replaced_why(self._publication, old, now))
+                why = replaced_why(self._publication, old, now)
+                if now is None:  # gone: an incremental snapshot of it the checkpoint resumes has nothing to read
+                    self._incr.cancel({t}, why)
+                self._incr.mark_stale(t, why)
             if old is not None and (now is None or t in self._incr.stale):
                 oids[name] = old
             elif now is not None:

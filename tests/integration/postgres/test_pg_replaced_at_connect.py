@@ -111,6 +111,9 @@ async def test_a_table_dropped_while_stopped_is_flagged_and_the_others_stream(
     cfg = config(make_config, pg_db)
     old_oid = await oid_of(dsn, "t")
     position, state, _ = await first_run(cfg, dsn)
+    # the checkpoint holds an incremental snapshot of t as running (stopped in its middle)
+    state["incremental"] = {"public.t": {"where": None, "last_key": ["100"], "rows": 100, "chunks": 1,
+                                         "lw": None, "status": "running"}}
     sql("DROP TABLE t")
     async with Driver(cfg, position, state) as d:
         src = source_of(d)
@@ -123,6 +126,8 @@ async def test_a_table_dropped_while_stopped_is_flagged_and_the_others_stream(
     assert why == f"it was dropped (relation OID {old_oid} is gone), so publication 'p_{pg_db}' no longer covers it"
     assert 7 in ids_of(more, "public.a")
     assert state["tables_needing_snapshot"] == {"public.t": why}
+    assert state["incremental"]["public.t"]["status"] == "cancelled"  # nothing left to read
+    assert state["oids"]["public.t"] == old_oid
 
 
 async def test_a_checkpoint_without_oids_starts_without_a_flag_and_keeps_them_from_then_on(
