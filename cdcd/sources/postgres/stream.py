@@ -87,6 +87,8 @@ class PgTables:
                 if t not in absent_ok:
                     raise
                 absent.append(t)
+                self.infos.pop(t, None)  # what an earlier connect of this process loaded is gone now
+                self.shapes.pop(t, None)
         oids = {c.type_oid for info in self.infos.values() for c in info.columns}
         await catalog.load_types(self.sql, self.registry, oids)
         for t, info in self.infos.items():
