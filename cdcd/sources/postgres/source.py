@@ -34,7 +34,7 @@ from cdcd.sources.postgres.plan import Step, check_slot, decide
 from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.shape import shape_from_info, warn_unknown
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
-from cdcd.sources.postgres.stream import PgStream, PgTables
+from cdcd.sources.postgres.stream import PgStream, PgTables, replaced_why
 
 if TYPE_CHECKING:  # the snapshot reader (numpy, pyarrow.compute) is loaded when a snapshot is due
     from cdcd.sources.postgres.snapshot import SnapshotReader, SnapshotTable
@@ -88,7 +88,11 @@ class PostgresSource(Source):
         self._t.sql = await catalog.connect_sql(self._params)
         try:
             catalog.require_version(await catalog.server_version(self._t.sql), self._params.where)
-            await self._t.load()
+            state = PgState.parse(resume.state or {})
+            # a table the checkpoint captured may be gone (dropped while cdcd was stopped): flagged, not fatal,
+            # unless the initial snapshot still has to read it
+            absent_ok = frozenset() if state.snapshot == "running" else frozenset(map(TableId.parse, state.oids))
+            await self._t.load(absent_ok)
             self._start_mark, self._announce, self._reader = None, [], None
             await self._plan(resume)
         except asyncpg.InsufficientPrivilegeError as exc:
@@ -104,6 +108,8 @@ class PostgresSource(Source):
         if self._stream_changes:
             self._incr.reader = self._chunks
             self._announce.extend(self._table_marks(resume.state or {}))
+            if self._start_mark is None:
+                self._announce.append(self._check_oids(state))
         fresh = self._start_mark is not None and self._start_mark.kind is MarkKind.SNAPSHOT_START
         snapshot = None
         if self._reader is not None:
@@ -121,7 +127,10 @@ class PostgresSource(Source):
         if self._mode == "initial_only":
             self._stream_changes = False
         else:
-            await catalog.ensure_publication(self._t.sql, self._publication, self._tables, self._t.infos)
+            # a table dropped while cdcd was stopped is left out (``_check_oids`` flags it); one re-created is added
+            # again when cdcd owns the publication (and flagged), else the error names the statement to run
+            present = [t for t in self._tables if t in self._t.infos]
+            await catalog.ensure_publication(self._t.sql, self._publication, present, self._t.infos)
             slot = await catalog.slot_info(self._t.sql, self._slot)
             if slot is not None:
                 check_slot(slot, self._params.database)
@@ -197,6 +206,30 @@ class PostgresSource(Source):
             return []
         return list(marks)
 
+    def _check_oids(self, state: PgState) -> Mark:
+        """A captured table dropped or re-created while cdcd was stopped (or before its flag was committed): its
+        relation OID in the checkpoint differs from the catalog's, or it is gone. Flag it as the heartbeat's check
+        does (``PgStream._check_replaced``); the stream goes on for the others. Returns the TABLES mark that keeps
+        the OIDs: a flagged table keeps its old one until its re-snapshot publishes the new table (``_republish``),
+        so a restart before the flag is committed flags it again. A checkpoint without OIDs (written before they
+        were kept) takes the catalog's: nothing to compare with, no flag."""
+        oids: dict[str, int] = {}
+        for t in self._tables:
+            name = str(t)
+            old = state.oids.get(name)
+            info = self._t.infos.get(t)
+            now = info.oid if info is not None else None
+            if old is not None and old != now:
+                why = replaced_why(self._publication, old, now)
+                if now is None:  # gone: an incremental snapshot of it the checkpoint resumes has nothing to read
+                    self._incr.cancel({t}, why)
+                self._incr.mark_stale(t, why)
+            if old is not None and (now is None or t in self._incr.stale):
+                oids[name] = old
+            elif now is not None:
+                oids[name] = now
+        return Mark(MarkKind.TABLES, self._last_position(), {"tables": [str(t) for t in self._tables], "oids": oids})
+
     # ------------------------------------------------------------ operator requests (issue 13)
 
     def request_snapshot(self, table: str, where: str | None = None) -> None:
@@ -214,7 +247,8 @@ class PostgresSource(Source):
         try:
             sql = await self._t.ensure_sql()
             info = await catalog.table_info(sql, t)
-            await catalog.ensure_publication(sql, self._publication, self._tables, {**self._t.infos, t: info})
+            known = {**self._t.infos, t: info}
+            await catalog.ensure_publication(sql, self._publication, [x for x in self._tables if x in known], known)
             await catalog.load_types(sql, self._t.registry, {c.type_oid for c in info.columns})
         except Exception as exc:  # its snapshot would read rows whose later changes never arrive: none
             why = f"publishing the re-created table {t} failed: {exc}"
@@ -223,6 +257,9 @@ class PostgresSource(Source):
             raise
         self._t.infos[t] = info
         self._t.shapes[t] = shape_from_info(info, self._t.registry)
+        # its new OID is the baseline from now on; the flag stays in the checkpoint until the re-snapshot completes
+        self._incr.emit(Mark(MarkKind.TABLES, self._last_position(),
+                             {"tables": [str(x) for x in self._tables], "oids": {str(t): info.oid}}))
         log.info("re-created table published again; re-snapshotting it", table=str(t), oid=info.oid)
 
     def reload_tables(self, tables: list[str]) -> None:
@@ -243,7 +280,8 @@ class PostgresSource(Source):
             return
         sql = await self._t.ensure_sql()
         infos = {t: await catalog.table_info(sql, t) for t in added}
-        await catalog.ensure_publication(sql, self._publication, new, {**self._t.infos, **infos})
+        known = {**self._t.infos, **infos}
+        await catalog.ensure_publication(sql, self._publication, [t for t in new if t in known], known)
         oids = {c.type_oid for info in infos.values() for c in info.columns}
         await catalog.load_types(sql, self._t.registry, oids)
         for t, info in infos.items():
@@ -258,7 +296,8 @@ class PostgresSource(Source):
         for t in added:
             self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
             self._incr.jobs.append(SnapshotJob(t, None, started=True))
-        self._incr.emit(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in self._tables]}))
+        self._incr.emit(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in self._tables],
+                                                   "oids": {str(t): info.oid for t, info in infos.items()}}))
         log.info("captured tables reloaded", added=[str(t) for t in added], removed=[str(t) for t in removed])
 
     def _reached(self) -> int:
@@ -300,7 +339,7 @@ class PostgresSource(Source):
         self._stream.flush_lsn = watermark
         # the captured list rides on the start mark: a fresh start captures every configured table
         detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark),
-                                  "tables": [str(t) for t in self._tables]}
+                                  "tables": [str(t) for t in self._tables], "oids": self._t.oids()}
         if self._system:
             detail["system"] = dict(self._system)
         kind = MarkKind.SNAPSHOT_START if snapshot else MarkKind.STREAM_START

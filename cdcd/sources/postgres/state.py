@@ -9,6 +9,7 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
                   "tables": {"public.t": {"last_key": ["42"], "rows": 42, "done": false}}},
      "system": {"systemid": "7301...", "timeline": 1},   # the server's IDENTIFY_SYSTEM (identity.py)
      "tables": ["public.t"],           # the captured tables (a restart snapshots the ones source.tables gained)
+     "oids": {"public.t": 16384},      # each captured table's relation OID: a restart compares it with the catalog
      "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental.py, fold_incremental)
      "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."}}  # until a re-snapshot ends
 
@@ -49,6 +50,7 @@ class PgState:
     tables: Mapping[str, TableProgress] = field(default_factory=dict)
     system: dict[str, Any] | None = None
     stale: Mapping[str, str] = field(default_factory=dict)  # replaced tables -> why (tables_needing_snapshot)
+    oids: Mapping[str, int] = field(default_factory=dict)  # captured table -> its relation OID (none: an old state)
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> PgState:
@@ -60,7 +62,8 @@ class PgState:
                   for name, e in (snap.get("tables") or {}).items()}
         flush = parse_lsn(doc["flush_lsn"]) if doc.get("flush_lsn") else watermark
         return cls(False, doc.get("slot"), watermark, flush, str(snap.get("status") or "none"), tables,
-                   doc.get("system"), dict(doc.get("tables_needing_snapshot") or {}))
+                   doc.get("system"), dict(doc.get("tables_needing_snapshot") or {}),
+                   {name: int(oid) for name, oid in (doc.get("oids") or {}).items()})
 
 
 def fresh_state(slot: str | None, watermark: int, snapshot: bool,
@@ -107,6 +110,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             snap["status"] = "done"
         elif kind in INCREMENTAL_KINDS:
             fold_incremental(new, item)
+            if kind == MarkKind.TABLES:
+                _fold_oids(new, item.detail)
         elif kind == MarkKind.IDENTITY:
             new["system"] = dict(item.detail)
         elif kind in (MarkKind.SNAPSHOT_START, MarkKind.STREAM_START):
@@ -114,11 +119,26 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
                               kind == MarkKind.SNAPSHOT_START, item.detail.get("system"))
             if item.detail.get("tables") is not None:
                 new["tables"] = list(item.detail["tables"])
+            _fold_oids(new, item.detail)
             snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables
     new["snapshot"] = snap
     return new
+
+
+def _fold_oids(state: dict[str, Any], detail: Mapping[str, Any]) -> None:
+    """The relation OIDs a start or TABLES mark carries (``"oids"``, maybe only some tables'), over those kept,
+    for the tables still captured. A mark without them (a checkpoint written before OIDs were kept) keeps none
+    new: the next connect takes the catalog's."""
+    oids = {**(state.get("oids") or {}), **(detail.get("oids") or {})}
+    captured = state.get("tables")
+    if captured is not None:
+        oids = {t: oid for t, oid in oids.items() if t in captured}
+    if oids:
+        state["oids"] = oids
+    else:
+        state.pop("oids", None)
 
 
 def _advance_flush(state: dict[str, Any], lsn: int) -> None:

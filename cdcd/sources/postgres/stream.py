@@ -76,20 +76,43 @@ class PgTables:
     shapes: dict[TableId, TableShape] = field(default_factory=dict)
     sql: Any = None  # the catalog connection (asyncpg)
 
-    async def load(self) -> None:
-        """Catalog facts, types and shapes of every table (``sql`` must be open)."""
+    async def load(self, absent_ok: frozenset[TableId] = frozenset()) -> list[TableId]:
+        """Catalog facts, types and shapes of every table (``sql`` must be open). A table of ``absent_ok`` (one the
+        checkpoint captured) may be gone: returned, not loaded, for the caller to flag; any other is an error."""
+        absent: list[TableId] = []
         for t in self.tables:
-            self.infos[t] = await catalog.table_info(self.sql, t)
+            try:
+                self.infos[t] = await catalog.table_info(self.sql, t)
+            except SourceFatal:
+                if t not in absent_ok:
+                    raise
+                absent.append(t)
+                self.infos.pop(t, None)  # what an earlier connect of this process loaded is gone now
+                self.shapes.pop(t, None)
         oids = {c.type_oid for info in self.infos.values() for c in info.columns}
         await catalog.load_types(self.sql, self.registry, oids)
         for t, info in self.infos.items():
             self.shapes[t] = shape_from_info(info, self.registry)
             warn_unknown(self.shapes[t], self.warnings)
+        return absent
+
+    def oids(self) -> dict[str, int]:
+        """Each loaded table's relation OID, as the checkpoint keeps them (``state.py``, ``"oids"``)."""
+        return {str(t): info.oid for t, info in self.infos.items() if t in self.tables}
 
     async def ensure_sql(self) -> Any:
         if self.sql is None or self.sql.is_closed():
             self.sql = await catalog.connect_sql(self.params)
         return self.sql
+
+
+def replaced_why(publication: str, old: int, new: int | None) -> str:
+    """Why a captured table whose relation OID was ``old`` needs a re-snapshot (``new``: its OID now, None: gone).
+    The heartbeat's check and the check at connect (``source.py``) say the same."""
+    if new is None:
+        return f"it was dropped (relation OID {old} is gone), so publication {publication!r} no longer covers it"
+    return (f"it was dropped and re-created (relation OID {old} is now {new}), so publication {publication!r} no "
+            "longer covers it")
 
 
 class PgStream:
@@ -334,12 +357,8 @@ class PgStream:
             if info is None:
                 continue
             oid = now.get(t)
-            if oid is None:
-                self.replaced(t, f"it was dropped (relation OID {info.oid} is gone), so publication "
-                                 f"{self._publication!r} no longer covers it")
-            elif oid != info.oid:
-                self.replaced(t, f"it was dropped and re-created (relation OID {info.oid} is now {oid}), so "
-                                 f"publication {self._publication!r} no longer covers it")
+            if oid != info.oid:
+                self.replaced(t, replaced_why(self._publication, info.oid, oid))
 
     def confirm(self, lsn: int) -> None:
         """A checkpoint with flush position ``lsn`` is durable: tell the server (standby status ``flush``)."""
