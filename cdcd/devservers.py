@@ -58,12 +58,15 @@ def _run_as(user: str | None) -> dict[str, object]:
     return {"user": pw.pw_uid, "group": pw.pw_gid}
 
 
-def _init_datadir(cmd: list[str], **kwargs: object) -> None:
-    """Run a data directory initialiser (initdb, mariadb-install-db); its own output names what went wrong."""
+def _init_datadir(cmd: list[str], log: Path | None = None, **kwargs: object) -> None:
+    """Run a data directory initialiser (initdb, mariadb-install-db). Its own output, and the server log
+    it wrote (where mariadb-install-db puts the actual cause), name what went wrong."""
     try:
         subprocess.run(cmd, check=True, capture_output=True, timeout=180, **kwargs)  # type: ignore[call-overload]
     except subprocess.CalledProcessError as exc:
         out = b"\n".join(x for x in (exc.stdout, exc.stderr) if x).decode(errors="replace")[-2000:]
+        if log is not None and log.exists():
+            out += f"\n--- {log} ---\n" + log.read_text(errors="replace")[-2000:]
         raise RuntimeError(f"{cmd[0]} failed with exit status {exc.returncode}:\n{out}") from exc
 
 
@@ -265,12 +268,17 @@ class MariaDBServer:
         os.chmod(self.root, 0o755)
         data = self.root / "data"
         data.mkdir()
+        # Its own tmpdir: temporary tables in the shared /tmp can be removed or collide with another
+        # server's (mariadb-install-db failed once on "Could not remove temporary table '/tmp/#sql-...'").
+        tmp = self.root / "tmp"
+        tmp.mkdir()
         if owner:
-            shutil.chown(self.root, owner)
-            shutil.chown(data, owner)
+            for path in (self.root, data, tmp):
+                shutil.chown(path, owner)
         self.port = free_port()
         conf = {
             "datadir": str(data),
+            "tmpdir": str(tmp),
             "port": str(self.port),
             "bind-address": "127.0.0.1",
             "socket": str(self.root / "mysqld.sock"),
@@ -295,7 +303,7 @@ class MariaDBServer:
         cnf.write_text("[mariadbd]\n" + "".join(f"{k} = {v}\n" for k, v in conf.items()))
         user_args = [f"--user={owner}"] if owner else []
         _init_datadir([install_db, f"--defaults-file={cnf}", "--auth-root-authentication-method=normal",
-                       "--skip-test-db", *user_args])
+                       "--skip-test-db", *user_args], log=self.root / "server.log")
         log = self.root / "server.log"
         self.proc = subprocess.Popen(
             [mariadbd, f"--defaults-file={cnf}", *user_args],
