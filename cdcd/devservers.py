@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BOOTSTRAP_HINT = "run scripts/bootstrap.sh to install it"
 
@@ -50,7 +51,7 @@ def _binary(name: str) -> str:
     raise ServerError(f"{name} not found: {BOOTSTRAP_HINT}")
 
 
-def _run_as(user: str | None) -> dict[str, object]:
+def _run_as(user: str | None) -> dict[str, Any]:
     """Database servers refuse to run as root: drop to an unprivileged user."""
     if user is None:
         return {}
@@ -58,11 +59,11 @@ def _run_as(user: str | None) -> dict[str, object]:
     return {"user": pw.pw_uid, "group": pw.pw_gid}
 
 
-def _init_datadir(cmd: list[str], log: Path | None = None, **kwargs: object) -> None:
+def _init_datadir(cmd: list[str], *, log: Path | None = None, **kwargs: Any) -> None:
     """Run a data directory initialiser (initdb, mariadb-install-db). Its own output, and the server log
     it wrote (where mariadb-install-db puts the actual cause), name what went wrong."""
     try:
-        subprocess.run(cmd, check=True, capture_output=True, timeout=180, **kwargs)  # type: ignore[call-overload]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=180, **kwargs)
     except subprocess.CalledProcessError as exc:
         out = b"\n".join(x for x in (exc.stdout, exc.stderr) if x).decode(errors="replace")[-2000:]
         if log is not None and log.exists():
@@ -172,7 +173,7 @@ class PostgresServer:
         logf = open(log, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [str(bindir / "postgres"), "-D", str(self.data)],
-            stdout=logf, stderr=logf, start_new_session=True, **_run_as(_service_user()),  # type: ignore[call-overload]
+            stdout=logf, stderr=logf, start_new_session=True, **_run_as(_service_user()),
         )
         _wait_port(self.port, self.proc, log)
         self._wait_accepting(bindir, log)
