@@ -208,10 +208,10 @@ class PgStream:
         spooled and come out whole at their commit (``inprogress.py``)."""
         if spool is None:
             async for chunk in repl.xlog():
-                yield [x.data for x in chunk]
+                yield chunk
             return
         async for chunk in repl.xlog():
-            for messages in spool.translate([x.data for x in chunk]):
+            for messages in spool.translate(chunk):
                 yield messages
                 # A replay comes from a local file and never waits: let the runtime's timer seal batches, its
                 # deliverer land them and the status updates go out meanwhile.
