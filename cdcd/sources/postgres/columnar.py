@@ -88,6 +88,7 @@ class BlockBuilder:
         self._key = [self._names.index(k) for k in shape.schema.key]
         self.messages: list[bytes] = []
         self.add = self.messages.append  # one Insert, Update or Delete message of this table (protocol-1 form)
+        self.add_all = self.messages.extend  # a run of them
 
     def __len__(self) -> int:
         return len(self.messages)
