@@ -142,18 +142,21 @@ class MessageBuffer:
         top = 0
         self._need = 0
         frame = _XLOG_FRAME.unpack_from
+        head = _XLOG_FRAME.size
+        short = head - 1  # a shorter length cannot hold XLogData's header
+        last = size - head  # the last offset where a whole frame header fits
         append = out.append
-        while size - pos >= _XLOG_FRAME.size:
+        while pos <= last:
             kind, length, tag, _, wal_end = frame(buf, pos)
             end = pos + 1 + length
-            if kind != b"d" or tag != b"w" or length < _XLOG_FRAME.size - 1:
+            if kind != b"d" or tag != b"w" or length < short:
                 self._pos = pos
                 return top, next(self, None)
             if end > size:
                 self._pos = pos
                 self._need = 1 + length
                 return top, None
-            append(buf[pos + _XLOG_FRAME.size : end])
+            append(buf[pos + head : end])
             if wal_end > top:
                 top = wal_end
             pos = end
