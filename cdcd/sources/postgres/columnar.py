@@ -40,7 +40,6 @@ _N, _K, _O = ord("N"), ord("K"), ord("O")
 _TEXT, _BINARY, _NULL, _UNCHANGED = ord("t"), ord("b"), ord("n"), ord("u")
 _PAD = bytes(8)  # reads of a malformed message's lengths past the end stay inside the buffer
 _OPS = np.array(["c", "u", "d"])
-_TWELVE = np.arange(12)
 
 
 class _Tuples:
@@ -89,6 +88,7 @@ class BlockBuilder:
         self._key = [self._names.index(k) for k in shape.schema.key]
         self.messages: list[bytes] = []
         self.add = self.messages.append  # one Insert, Update or Delete message of this table (protocol-1 form)
+        self.add_all = self.messages.extend  # a run of them
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -208,25 +208,32 @@ class BlockBuilder:
 def _gather(buf: np.ndarray, valid: np.ndarray, start: np.ndarray, size: np.ndarray) -> pa.Array:
     """The values at ``buf[start:start + size]`` (NULL where not ``valid``) as one binary array.
 
-    Built as Arrow's binary view array over ``buf`` itself (16 bytes per value: its length, its first bytes,
-    its offset; numpy writes them for all rows at once), which Arrow then copies into a plain binary array
-    in C++: no per-value Python work and no per-byte index.
+    A column's values lie in ``buf`` in row order (row r's in message r), so the offsets value 0, gap,
+    value 1, gap, ... never go back: one binary array over ``buf`` itself holds every value at an even
+    index, and Arrow's ``take`` of those copies them out in C++. No per-value Python work, no per-byte
+    index, about a quarter of the time of building a binary view array (16 bytes per value) and casting it.
     """
     n = len(valid)
-    sizes = np.where(valid, size, 0)
-    if int(sizes.sum()) >= 1 << 31:  # a block is cut at BLOCK_BYTES and a message is at most 1 GB: never
-        raise ProtocolError(f"pgoutput: {int(sizes.sum())} bytes of one column in one block (more than 2 GB)")
-    views = np.zeros((n, 16), np.uint8)
-    inline = sizes <= 12  # a view holds up to 12 bytes itself, else a 4-byte prefix and the offset
-    head = buf[np.minimum(start[:, None] + _TWELVE, len(buf) - 1)]
-    views[:, 4:] = np.where(np.where(inline, sizes, 4)[:, None] > _TWELVE, head, 0)
-    words = views.view(np.int32)
-    words[:, 0] = sizes
-    outside = ~inline
-    words[outside, 2] = 0  # the one data buffer
-    words[outside, 3] = start[outside]
-    nulls = n - int(valid.sum())
-    bitmap = None if not nulls else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    view = pa.Array.from_buffers(pa.binary_view(), n, [bitmap, pa.py_buffer(views), pa.py_buffer(buf)],
-                                 null_count=nulls)
-    return view.cast(pa.binary())
+    if not n:
+        return pa.array([], pa.binary())
+    begin = np.where(valid, start, 0)
+    end = begin + np.where(valid, size, 0)
+    # a NULL starts where the value before it ended (offsets never go back)
+    reach = np.maximum.accumulate(end)
+    offsets = np.empty(2 * n, np.int64)
+    offsets[0] = begin[0]
+    offsets[2::2] = np.where(valid[1:], begin[1:], reach[:-1])
+    offsets[1::2] = np.where(valid, end, offsets[0::2])
+    if (offsets[1:] < offsets[:-1]).any() or offsets[-1] > len(buf):  # never for messages that passed the checks
+        raise ProtocolError("pgoutput: the values of a column are out of order in a block")
+    wide = len(buf) >= 1 << 31
+    kind, otype = (pa.large_binary(), np.int64) if wide else (pa.binary(), np.int32)
+    bits = np.zeros(2 * n - 1, bool)
+    bits[0::2] = valid
+    nulls = 2 * n - 1 - int(np.count_nonzero(valid))
+    spans = pa.Array.from_buffers(kind, 2 * n - 1, [pa.py_buffer(np.packbits(bits, bitorder="little")),
+                                                   pa.py_buffer(offsets.astype(otype)), pa.py_buffer(buf)],
+                                  null_count=nulls)
+    even = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(0, 2 * n - 1, 2))])
+    out = spans.take(even)
+    return out.cast(pa.binary()) if wide else out

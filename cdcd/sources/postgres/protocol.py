@@ -84,17 +84,34 @@ class BackendMessage:
 
 
 class MessageBuffer:
-    """Splits a byte stream into backend messages; feed it whatever the socket gave."""
+    """Splits a byte stream into backend messages; feed it whatever the socket gave.
+
+    The buffer is one ``bytes`` object and an offset, not a bytearray: a message's payload is then a slice of
+    it (one copy), and ``take_xlog`` can cut every XLogData of a socket read out of it in one loop. A read
+    that cannot complete the message at the head waits in a list until enough bytes are there, so a message
+    spanning many reads is joined once, not once per read.
+    """
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._buf = b""
         self._pos = 0
+        self._waiting: list[bytes] = []
+        self._waiting_len = 0
+        self._need = 0  # bytes the message at the head needs (from _pos), as far as known
 
     def feed(self, data: bytes) -> None:
-        if self._pos and self._pos >= len(self._buf) // 2:
-            del self._buf[: self._pos]  # compact lazily: deleting per message would be quadratic
-            self._pos = 0
-        self._buf += data
+        self._waiting.append(bytes(data))
+        self._waiting_len += len(data)
+        rest = len(self._buf) - self._pos
+        if rest + self._waiting_len < self._need:
+            return
+        parts = self._waiting
+        if rest:
+            parts.insert(0, self._buf[self._pos:])
+        self._buf = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._pos = 0
+        self._waiting = []
+        self._waiting_len = 0
 
     def __iter__(self) -> Iterator[BackendMessage]:
         return self
@@ -102,17 +119,53 @@ class MessageBuffer:
     def __next__(self) -> BackendMessage:
         buf, pos = self._buf, self._pos
         if len(buf) - pos < 5:
+            self._need = 5
             raise StopIteration
         kind, length = _HDR.unpack_from(buf, pos)
         end = pos + 1 + length
         if end > len(buf):
+            self._need = 1 + length
             raise StopIteration
         self._pos = end
-        return BackendMessage(kind, bytes(buf[pos + 5 : end]))
+        self._need = 0
+        return BackendMessage(kind, buf[pos + 5 : end])
+
+    def take_xlog(self, out: list[bytes]) -> tuple[int, BackendMessage | None]:
+        """The XLogData messages at the head, in bulk: appends each one's WAL data (a pgoutput message) to
+        ``out`` and returns the highest WAL end among them (0: none) and the first message of any other kind
+        (a keepalive's CopyData too), consumed; None when the buffer ends first (a partial message stays).
+
+        One ``struct`` call, one slice and one append per message: no message or XLogData object.
+        """
+        buf, pos = self._buf, self._pos
+        size = len(buf)
+        top = 0
+        self._need = 0
+        frame = _XLOG_FRAME.unpack_from
+        head = _XLOG_FRAME.size
+        short = head - 1  # a shorter length cannot hold XLogData's header
+        last = size - head  # the last offset where a whole frame header fits
+        append = out.append
+        while pos <= last:
+            kind, length, tag, _, wal_end = frame(buf, pos)
+            end = pos + 1 + length
+            if kind != b"d" or tag != b"w" or length < short:
+                self._pos = pos
+                return top, next(self, None)
+            if end > size:
+                self._pos = pos
+                self._need = 1 + length
+                return top, None
+            append(buf[pos + head : end])
+            if wal_end > top:
+                top = wal_end
+            pos = end
+        self._pos = pos
+        return top, next(self, None)
 
     @property
     def pending(self) -> int:
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + self._waiting_len
 
 
 # Fields of ErrorResponse / NoticeResponse.
@@ -185,6 +238,8 @@ class Keepalive:
 
 
 _XLOG = struct.Struct("!QQq")
+#: A CopyData frame around XLogData: kind, length, tag, WAL start, WAL end, then the send time (not read).
+_XLOG_FRAME = struct.Struct("!cIcQQ8x")
 _KEEPALIVE = struct.Struct("!Qq?")
 _STATUS = struct.Struct("!cQQQq?")
 
@@ -192,9 +247,13 @@ _STATUS = struct.Struct("!cQQQq?")
 def parse_copy_data(payload: bytes) -> XLogData | Keepalive:
     tag = payload[:1]
     if tag == b"w":
+        if len(payload) < _XLOG.size + 1:
+            raise ProtocolError(f"a replication XLogData message of {len(payload)} bytes is truncated")
         start, end, ts = _XLOG.unpack_from(payload, 1)
         return XLogData(start, end, ts, payload[25:])
     if tag == b"k":
+        if len(payload) < _KEEPALIVE.size + 1:
+            raise ProtocolError(f"a replication keepalive message of {len(payload)} bytes is truncated")
         end, ts, reply = _KEEPALIVE.unpack_from(payload, 1)
         return Keepalive(end, ts, reply)
     raise ProtocolError(f"unexpected replication CopyData message {tag!r}")

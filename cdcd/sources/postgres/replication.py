@@ -306,22 +306,29 @@ class ReplicationConnection:
 
     # ------------------------------------------------------------ streaming
 
-    async def xlog(self) -> AsyncIterator[list[p.XLogData]]:
-        """XLogData messages, as many as one socket read brought, until the server ends the stream.
+    async def xlog(self) -> AsyncIterator[list[bytes]]:
+        """The WAL data (pgoutput messages) of the XLogData messages, as many as one socket read brought, until
+        the server ends the stream.
 
-        Lists rather than single messages: crossing async generators per message costs more than decoding it.
-        Keepalives are answered here.
+        Lists rather than single messages: crossing async generators per message costs more than decoding it;
+        and the buffer cuts them out in bulk (``MessageBuffer.take_xlog``), with no object per message but the
+        data itself. Keepalives are answered here.
         """
         buf = self._buf
         while True:
-            out: list[p.XLogData] = []
-            for msg in buf:
+            out: list[bytes] = []
+            while True:
+                wal_end, msg = buf.take_xlog(out)
+                if wal_end > self.received_lsn:
+                    self.received_lsn = wal_end
+                if msg is None:
+                    break
                 if msg.kind == b"d":
                     item = p.parse_copy_data(msg.payload)
                     if item.wal_end > self.received_lsn:
                         self.received_lsn = item.wal_end
-                    if isinstance(item, p.XLogData):
-                        out.append(item)
+                    if isinstance(item, p.XLogData):  # never: take_xlog takes every well-formed one
+                        out.append(item.data)
                     elif item.reply_requested:
                         self.send_status()
                 elif msg.kind == b"E":

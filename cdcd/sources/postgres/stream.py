@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,6 +64,45 @@ REPLACED_CHECK_S = 5.0  # how often the captured tables' relation OIDs are compa
 BLOCK_ROWS = 8192
 BLOCK_BYTES = 1 << 20
 _ROW_TAGS = frozenset(b"IUD")
+_ROW_RUN = re.compile(rb"[IUD]+")
+_TAG = operator.itemgetter(0)
+_OID_BYTES = operator.itemgetter(slice(1, 5))
+_UNPACK_OID = pgoutput._I.unpack_from
+
+
+def _segments(chunk: list[bytes]) -> list[tuple[bool, list[bytes]]]:
+    """``chunk`` cut into runs of row messages (True) and the messages between them (False), in order."""
+    tags = bytes(map(_TAG, chunk))
+    out: list[tuple[bool, list[bytes]]] = []
+    at = 0
+    for run in _ROW_RUN.finditer(tags):
+        a, b = run.span()
+        if a > at:
+            out.append((False, chunk[at:a]))
+        out.append((True, chunk[a:b]))
+        at = b
+    if at < len(chunk):
+        out.append((False, chunk[at:]))
+    return out
+
+
+def _bulk_run(part: list[bytes], builders: dict[int, BlockBuilder | None], block: BlockBuilder | None,
+              size: int) -> tuple[BlockBuilder | None, bool, int] | None:
+    """A run of row messages taken whole: its table's builder (None: not captured), whether its first row cuts
+    the block, its wire bytes. None when it spans tables or the block would be cut inside it: the caller then
+    takes it message by message, with the same cuts (``BLOCK_ROWS``, ``BLOCK_BYTES``) either way."""
+    if len(set(map(_OID_BYTES, part))) != 1:
+        return None
+    (oid,) = _UNPACK_OID(part[0], 1)
+    builder = builders.get(oid)
+    cut = builder is not block or size >= BLOCK_BYTES or (block is not None and len(block) >= BLOCK_ROWS)
+    if builder is None:
+        return None, cut, 0
+    total = sum(map(len, part))
+    held, rows = (0, 0) if cut else (size, len(builder))
+    if held + total - len(part[-1]) >= BLOCK_BYTES or rows + len(part) - 1 >= BLOCK_ROWS:
+        return None
+    return builder, cut, total
 
 
 @dataclass
@@ -208,10 +249,10 @@ class PgStream:
         spooled and come out whole at their commit (``inprogress.py``)."""
         if spool is None:
             async for chunk in repl.xlog():
-                yield [x.data for x in chunk]
+                yield chunk
             return
         async for chunk in repl.xlog():
-            for messages in spool.translate([x.data for x in chunk]):
+            for messages in spool.translate(chunk):
                 yield messages
                 # A replay comes from a local file and never waits: let the runtime's timer seal batches, its
                 # deliverer land them and the status updates go out meanwhile.
@@ -234,50 +275,65 @@ class PgStream:
         first = 0
         size = 0
         async for chunk in wire:
-            for data in chunk:
-                if columnar and data[0] in row_tags:
-                    seq += 1
-                    (oid,) = unpack_oid(data, 1)
-                    builder = builders.get(oid)
-                    if builder is not block or size >= BLOCK_BYTES or (block is not None and len(block) >= BLOCK_ROWS):
-                        if block is not None and len(block):
-                            yield block.build(PgPosition(commit_lsn, first), xid, commit_ts)
-                        block, first, size = builder, seq, 0
-                    if builder is not None:  # None: a table not captured (a seq gap: the next row opens a block)
-                        builder.add(data)
-                        size += len(data)
-                    continue
-                if block is not None:
-                    if len(block):
-                        yield block.build(PgPosition(commit_lsn, first), xid, commit_ts)
-                    block = None
-                msg = decode(data)
-                if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
-                    seq += 1
-                    dec = decoders.get(msg.relation)
-                    if dec is not None:
-                        yield self._row_event(msg, dec, PgPosition(commit_lsn, seq), xid, commit_ts)
-                elif isinstance(msg, pgoutput.Begin):
-                    commit_lsn, seq, xid, commit_ts = msg.final_lsn, 0, str(msg.xid), msg.commit_ts
-                    self.lag_ms = max(0.0, (time.time() - msg.commit_ts.timestamp()) * 1000)
-                elif isinstance(msg, pgoutput.Commit):
-                    seq += 1
-                    yield Mark(MarkKind.COMMIT, PgPosition(commit_lsn, seq),
-                               {"lsn": format_lsn(commit_lsn), "end_lsn": format_lsn(msg.end_lsn)})
-                elif isinstance(msg, pgoutput.Relation):
-                    relations.add(msg)
-                    dec = decoders[msg.oid] = await self._relation(msg)
-                    builders[msg.oid] = None if dec is None else BlockBuilder(dec.shape, self._tables.warnings)
-                elif isinstance(msg, pgoutput.Truncate):
-                    for oid in msg.relations:
+            for rows, part in _segments(chunk) if columnar else ((False, chunk),):
+                if rows:  # a run of row messages: in bulk when it is one table's and no cut falls inside it
+                    bulk = _bulk_run(part, builders, block, size)
+                    if bulk is not None:
+                        builder, cut, total = bulk
+                        if cut:  # as the message-by-message path below cuts at the run's first row
+                            if block is not None and len(block):
+                                yield block.build(PgPosition(commit_lsn, first), xid, commit_ts)
+                            block, first, size = builder, seq + 1, 0
+                        if builder is not None:
+                            builder.add_all(part)
+                            size += total
+                        seq += len(part)
+                        continue
+                for data in part:
+                    if columnar and data[0] in row_tags:
                         seq += 1
-                        dec = decoders.get(oid)
+                        (oid,) = unpack_oid(data, 1)
+                        builder = builders.get(oid)
+                        if builder is not block or size >= BLOCK_BYTES \
+                                or (block is not None and len(block) >= BLOCK_ROWS):
+                            if block is not None and len(block):
+                                yield block.build(PgPosition(commit_lsn, first), xid, commit_ts)
+                            block, first, size = builder, seq, 0
+                        if builder is not None:  # None: a table not captured (a seq gap: the next row opens a block)
+                            builder.add(data)
+                            size += len(data)
+                        continue
+                    if block is not None:
+                        if len(block):
+                            yield block.build(PgPosition(commit_lsn, first), xid, commit_ts)
+                        block = None
+                    msg = decode(data)
+                    if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
+                        seq += 1
+                        dec = decoders.get(msg.relation)
                         if dec is not None:
-                            yield ChangeEvent(Op.TRUNCATE, dec.shape.schema, PgPosition(commit_lsn, seq), tx_id=xid,
-                                              commit_ts=commit_ts)
-                elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX \
-                        and not msg.transactional:
-                    yield Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0))
+                            yield self._row_event(msg, dec, PgPosition(commit_lsn, seq), xid, commit_ts)
+                    elif isinstance(msg, pgoutput.Begin):
+                        commit_lsn, seq, xid, commit_ts = msg.final_lsn, 0, str(msg.xid), msg.commit_ts
+                        self.lag_ms = max(0.0, (time.time() - msg.commit_ts.timestamp()) * 1000)
+                    elif isinstance(msg, pgoutput.Commit):
+                        seq += 1
+                        yield Mark(MarkKind.COMMIT, PgPosition(commit_lsn, seq),
+                                   {"lsn": format_lsn(commit_lsn), "end_lsn": format_lsn(msg.end_lsn)})
+                    elif isinstance(msg, pgoutput.Relation):
+                        relations.add(msg)
+                        dec = decoders[msg.oid] = await self._relation(msg)
+                        builders[msg.oid] = None if dec is None else BlockBuilder(dec.shape, self._tables.warnings)
+                    elif isinstance(msg, pgoutput.Truncate):
+                        for oid in msg.relations:
+                            seq += 1
+                            dec = decoders.get(oid)
+                            if dec is not None:
+                                yield ChangeEvent(Op.TRUNCATE, dec.shape.schema, PgPosition(commit_lsn, seq), tx_id=xid,
+                                                  commit_ts=commit_ts)
+                    elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX \
+                            and not msg.transactional:
+                        yield Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0))
 
     def _row_event(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, dec: RowDecoder,
                    pos: PgPosition, xid: str | None, commit_ts: datetime | None) -> ChangeEvent:
