@@ -343,6 +343,59 @@ def _image_source(cols: tuple[_Col, ...], present: tuple[bool, ...]) -> tuple[st
     return "\n".join(out), consts
 
 
+#: A columnar reader: (packet, start, end, data lists, before lists, zero-value column names) -> end offset
+ColumnReader = Callable[[bytes, int, int, list[list[Any]], list[list[Any]], set[str]], int]
+_EMPTY_SET_LINE = f"s[K{{i}}] = {NONE_SOURCE.EMPTY_SET!r}"
+
+
+def _column_lines(col: _Col) -> list[str]:
+    """A column's lines for the columnar readers: no per-row none-source dict. An empty SET is the empty
+    string at once (the row path's ``_fix_empty_sets``); a zero or out-of-range date is None, its column
+    named in ``z`` for the zero-date warning."""
+    out = []
+    for line in col.lines:
+        body = line.lstrip()
+        indent = line[: len(line) - len(body)]
+        if body == _EMPTY_SET_LINE:
+            out.append(indent + "v{i} = ''")
+        elif body.startswith("s[K{i}] = "):
+            out.append(indent + "z.add(K{i})")
+        else:
+            out.append(line)
+    return out
+
+
+def _columns_source(cols: tuple[_Col, ...], images: list[tuple[tuple[bool, ...], tuple[str, ...]]]
+                    ) -> tuple[str, dict[str, Any]]:
+    """Python source of a reader that decodes every row of a rows event and appends each value to its
+    column's list: ``images`` are the row's images in order (one, or an update's before and after), each
+    with its columns-present bitmap and the list prefixes its values go to (``a``: data, ``b``: before)."""
+    consts: dict[str, Any] = {"FB": int.from_bytes}
+    out = ["def read(b, p, end, A, B, z):"]
+    for prefix, lists in (("a", "A"), ("b", "B")):
+        if any(prefix in targets for _, targets in images):
+            out += [f"    {prefix}{i} = {lists}[{i}].append" for i in range(len(cols))]
+    out.append("    while p < end:")
+    for present, targets in images:
+        nb = (sum(present) + 7) // 8
+        out += ["        n = b[p]", "        p += 1"] if nb == 1 else \
+            [f"        n = FB(b[p:p + {nb}], 'little')", f"        p += {nb}"]
+        bit = 0
+        for i, (col, here) in enumerate(zip(cols, present, strict=True)):
+            consts[f"K{i}"] = col.name
+            appends = [f"{t}{i}(v{i})" for t in targets]
+            if not here:
+                out += [f"        {t}{i}(None)" for t in targets]
+                continue
+            out += [f"        if n >> {bit} & 1:"] + [f"            {t}{i}(None)" for t in targets] + ["        else:"]
+            consts.update((name.format(i=i), value) for name, value in col.consts)
+            out += ["            " + line.format(i=i) for line in _column_lines(col)]
+            out += [f"            {a}" for a in appends]
+            bit += 1
+    out.append("    return p")
+    return "\n".join(out), consts
+
+
 def _compile_image(cols: tuple[_Col, ...], present: tuple[bool, ...]) -> Image:
     source, consts = _image_source(cols, present)
     namespace: dict[str, Any] = dict(consts)
@@ -359,6 +412,7 @@ class TableDecoder:
     def __init__(self, cols: tuple[_Col, ...]) -> None:
         self.cols = cols
         self._images: dict[bytes, Image] = {}
+        self._readers: dict[tuple[str, bytes, bytes], ColumnReader] = {}
 
     def image(self, bitmap: bytes) -> Image:
         img = self._images.get(bitmap)
@@ -369,6 +423,54 @@ class TableDecoder:
                 self._images.clear()
             self._images[bitmap] = img
         return img
+
+    def present(self, bitmap: bytes) -> tuple[bool, ...]:
+        return tuple(bool(bitmap[i >> 3] >> (i & 7) & 1) for i in range(len(self.cols)))
+
+    def column_reader(self, kind: str, bitmap: bytes, bitmap2: bytes = b"") -> ColumnReader:
+        """The columnar reader of rows events of ``kind`` (``write``, ``update``, ``delete``) with these
+        columns-present bitmaps: a write's values go to the data lists, a delete's to the data and the before
+        lists, an update's before image to the before lists and its after image to the data lists."""
+        key = (kind, bitmap, bitmap2)
+        reader = self._readers.get(key)
+        if reader is None:
+            first = self.present(bitmap)
+            images: list[tuple[tuple[bool, ...], tuple[str, ...]]] = \
+                [(first, ("b",)), (self.present(bitmap2), ("a",))] if kind == "update" else \
+                [(first, ("a", "b") if kind == "delete" else ("a",))]
+            source, consts = _columns_source(self.cols, images)
+            namespace: dict[str, Any] = dict(consts)
+            exec(compile(source, "<cdcd columnar row image>", "exec"), namespace)  # built from fixed templates
+            reader = namespace["read"]
+            if len(self._readers) >= _MAX_IMAGES:
+                self._readers.clear()
+            self._readers[key] = reader
+        return reader
+
+    def read_columns(self, ev: Any, data: list[list[Any]], before: list[list[Any]], zero: set[str]) -> int | None:
+        """Appends the rows of this rows event to the column lists (``column_reader``); the number of rows
+        read, None when the event is not one this module reads (as ``rows``)."""
+        body = _body(ev, len(self.cols))
+        if body is None:
+            return None
+        buf, start, end = body
+        t = type(ev)
+        if t is rows.UpdateRowsEvent:
+            reader = self.column_reader("update", ev.columns_present_bitmap, ev.columns_present_bitmap2)
+        else:
+            reader = self.column_reader("write" if t is rows.WriteRowsEvent else "delete", ev.columns_present_bitmap)
+        first = len(data[0])
+        try:
+            pos = reader(buf, start, end, data, before, zero)
+            if pos != end:
+                raise _Overrun(f"the row images run {pos - end} bytes past the end of the event")
+        except (struct.error, ValueError, IndexError, InvalidOperation, OverflowError, _Overrun) as exc:
+            raise SourceFatal(
+                f"cannot decode a row image of {ev.schema}.{ev.table} in the binlog event ending at "
+                f"{ev.packet.log_pos} ({type(exc).__name__}: {exc}). The event does not match its table map; "
+                "report it with the output of mysqlbinlog/mariadb-binlog --verbose for that position."
+            ) from exc
+        return len(data[0]) - first
 
     def rows(self, ev: Any) -> list[Row] | None:
         """``ev.rows`` of this rows event, decoded here; None when the event is not one this module reads
