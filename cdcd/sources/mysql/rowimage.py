@@ -289,6 +289,68 @@ class _Unsupported(Exception):
     """A column this module does not decode; the table falls back to pymysqlreplication."""
 
 
+#: How a columnar reader leaves a column's values when not as the row reader's (``columnar.py`` converts):
+#: ``micros``: TIMESTAMP as int microseconds since the epoch; ``unscaled``: DECIMAL (precision <= 38) as the
+#: int of its digits (value * 10**scale); ``utf8``: UTF-8 text as the raw bytes (Arrow validates them).
+FORM_MICROS, FORM_UNSCALED, FORM_UTF8 = "micros", "unscaled", "utf8"
+Form = tuple[str, int] | None  # (FORM_*, its argument: a DECIMAL's scale, else 0); None: the row reader's value
+
+
+def _unscaled_reader(precision: int, scale: int) -> tuple[Callable[[bytes, int], int], int]:
+    """Packed DECIMAL as the int of its digits: ``_decimal_reader``'s value times 10**scale, as an int."""
+    int_groups, frac_groups = _decimal_groups(precision - scale, False), _decimal_groups(scale, True)
+    size = sum(n for n, _ in int_groups + frac_groups)
+    sign_bit = 1 << (8 * size - 1)
+    flip_neg = ((1 << (8 * size)) - 1) ^ sign_bit
+    groups = []
+    shift = 8 * size
+    for n, limit in int_groups + frac_groups:
+        shift -= 8 * n
+        groups.append((shift, (1 << (8 * n)) - 1, limit))
+
+    def read(b: bytes, p: int) -> int:
+        x = int.from_bytes(b[p:p + size], "big")
+        neg = not x & sign_bit
+        x ^= flip_neg if neg else sign_bit
+        v = 0
+        for sh, mask, limit in groups:
+            g = x >> sh & mask
+            if g >= limit:
+                raise ValueError(f"a DECIMAL({precision},{scale}) group holds {g}, more digits than it may")
+            v = v * limit + g
+        return -v if neg else v
+
+    return read, size
+
+
+def _columnar_column(c: Any, col: _Col, errors: str) -> tuple[_Col, Form]:
+    """The columnar readers' form of a column: faster raw forms for TIMESTAMP, DECIMAL and UTF-8 text."""
+    t = c.type
+    if t == FIELD_TYPE.TIMESTAMP2:
+        fsp = int(getattr(c, "fsp", 0) or 0)
+        n = _FRAC_BYTES[fsp]
+        consts: tuple[tuple[str, Any], ...] = (("U{i}", struct.Struct(">i").unpack_from),)
+        if n == 0:
+            return _Col(c.name, ("v{i} = U{i}(b, p)[0] * 1000000", "p += 4"), consts), (FORM_MICROS, 0)
+        return _Col(c.name, (f"m = {_frac_expr(fsp, 4)}", "v{i} = U{i}(b, p)[0] * 1000000 + (m if m > 0 else 0)",
+                             f"p += {4 + n}"), (*consts, ("FB{i}", int.from_bytes))), (FORM_MICROS, 0)
+    if t == FIELD_TYPE.NEWDECIMAL and int(c.precision) <= 38:
+        read, size = _unscaled_reader(int(c.precision), int(c.decimals))
+        return _Col(c.name, ("v{i} = R{i}(b, p)", f"p += {size}"), (("R{i}", read),)), (FORM_UNSCALED, int(c.decimals))
+    text = t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING) or (t == FIELD_TYPE.BLOB and c.length_size in (1, 2, 3, 4))
+    if text and errors == "strict" and c.character_set_name is not None:
+        enc = rows.RowsEvent.charset_to_encoding(c.character_set_name)
+        try:
+            utf8 = codecs.lookup(enc).name == "utf-8"
+        except LookupError:
+            utf8 = False
+        if utf8 and any(line.endswith(".decode(ENC{i}, ERR{i})") for line in col.lines):
+            lines = tuple("v{i} = b[p:p + m]" if line.endswith(".decode(ENC{i}, ERR{i})") else line
+                          for line in col.lines)
+            return _Col(c.name, lines, col.consts), (FORM_UTF8, 0)
+    return col, None
+
+
 def _column(c: Any, errors: str) -> _Col:
     t = c.type
     if not c.name:
@@ -409,8 +471,13 @@ def _compile_image(cols: tuple[_Col, ...], present: tuple[bool, ...]) -> Image:
 class TableDecoder:
     """Row-image readers for one table-map shape, one per columns-present bitmap seen."""
 
-    def __init__(self, cols: tuple[_Col, ...]) -> None:
+    def __init__(self, cols: tuple[_Col, ...], columnar: tuple[tuple[_Col, Form], ...] | None = None) -> None:
         self.cols = cols
+        # the columnar readers' columns and each one's form (None: the row reader's value)
+        self.columnar_cols = cols if columnar is None else tuple(c for c, _ in columnar)
+        self.forms: tuple[Form, ...] = (None,) * len(cols) if columnar is None else \
+            tuple(f for _, f in columnar)
+        self._present: dict[bytes, tuple[bool, ...]] = {}
         self._images: dict[bytes, Image] = {}
         self._readers: dict[tuple[str, bytes, bytes], ColumnReader] = {}
 
@@ -425,7 +492,14 @@ class TableDecoder:
         return img
 
     def present(self, bitmap: bytes) -> tuple[bool, ...]:
-        return tuple(bool(bitmap[i >> 3] >> (i & 7) & 1) for i in range(len(self.cols)))
+        """Which columns a columns-present bitmap holds."""
+        got = self._present.get(bitmap)
+        if got is None:
+            got = tuple(bool(bitmap[i >> 3] >> (i & 7) & 1) for i in range(len(self.cols)))
+            if len(self._present) >= _MAX_IMAGES:
+                self._present.clear()
+            self._present[bitmap] = got
+        return got
 
     def column_reader(self, kind: str, bitmap: bytes, bitmap2: bytes = b"") -> ColumnReader:
         """The columnar reader of rows events of ``kind`` (``write``, ``update``, ``delete``) with these
@@ -438,7 +512,7 @@ class TableDecoder:
             images: list[tuple[tuple[bool, ...], tuple[str, ...]]] = \
                 [(first, ("b",)), (self.present(bitmap2), ("a",))] if kind == "update" else \
                 [(first, ("a", "b") if kind == "delete" else ("a",))]
-            source, consts = _columns_source(self.cols, images)
+            source, consts = _columns_source(self.columnar_cols, images)
             namespace: dict[str, Any] = dict(consts)
             exec(compile(source, "<cdcd columnar row image>", "exec"), namespace)  # built from fixed templates
             reader = namespace["read"]
@@ -561,7 +635,9 @@ def compile_table(columns: list[Any], ignore_decode_errors: bool = False) -> Tab
         return _tables[key]
     errors = "ignore" if ignore_decode_errors else "strict"
     try:
-        decoder: TableDecoder | None = TableDecoder(tuple(_column(c, errors) for c in columns))
+        cols = tuple(_column(c, errors) for c in columns)
+        decoder: TableDecoder | None = TableDecoder(
+            cols, tuple(_columnar_column(c, col, errors) for c, col in zip(columns, cols, strict=True)))
     except _Unsupported:
         decoder = None
     if len(_tables) >= _MAX_TABLES:

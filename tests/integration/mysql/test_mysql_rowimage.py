@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import pymysql
@@ -30,6 +30,7 @@ from cdcd.sources.mysql import (
     decode,
 )
 from cdcd.sources.mysql.binlog import _EVENTS
+from cdcd.sources.mysql.columnar import decimal_of
 from cdcd.sources.mysql.rowimage import compile_table, unsupported_reason
 from cdcd.sources.mysql.schema import SchemaHistory
 
@@ -217,6 +218,16 @@ def compare_binlog(server: MariaDBServer, db: str, start: tuple[str, int]) -> di
     return seen
 
 
+def _from_form(form: tuple[str, int], v: Any) -> Any:
+    kind, arg = form
+    if kind == "micros":
+        return datetime(1970, 1, 1) + timedelta(microseconds=v)
+    if kind == "unscaled":
+        return decimal_of(v, arg)
+    assert kind == "utf8"
+    return v.decode("utf-8")
+
+
 def _compare_columns(decoder: Any, ev: Any, ours: list[Any], columns: list[Any]) -> None:
     """The columnar readers (``read_columns``) give each column the values of the row reader's rows: the
     after image (the before image of a delete) in the data lists, the before image of an update or a
@@ -226,6 +237,10 @@ def _compare_columns(decoder: Any, ev: Any, ours: list[Any], columns: list[Any])
     before: list[list[Any]] = [[] for _ in names]
     zero: set[str] = set()
     assert decoder.read_columns(ev, data, before, zero) == len(ours)
+    for k, form in enumerate(decoder.forms):  # the raw forms, as the builder turns them into the row reader's
+        if form is not None:
+            for lists in (data, before):
+                lists[k] = [None if v is None else _from_form(form, v) for v in lists[k]]
     fixed_zero: set[str] = set()
 
     def fixed(values: dict[str, Any], sources: dict[str, str]) -> list[Any]:
