@@ -217,7 +217,10 @@ class ChangeBlock:
     * ``before`` (None when no row has one): each row's old values, NULL where ``before_kind`` is
       ``BEFORE_NONE``; for ``BEFORE_KEY`` rows only the ``identity`` columns belong to the old row;
     * ``unavailable`` (None when no row has any): each row's unavailable (unchanged TOAST) column names;
-    * ``key_changed`` (None when no row changed its key): updates whose old key differs from the new one.
+    * ``key_changed`` (None when no row changed its key): updates whose old key differs from the new one;
+    * ``seqs`` (None: the rows' sequence numbers are consecutive from ``start``): each row's sequence number,
+      increasing, for sources whose row positions have gaps (MySQL/MariaDB: a rows event's first row follows
+      the seq its event's offset gives). ``start`` is the first row's position either way.
 
     ``events()`` gives the ChangeEvents (slow: for tests and for callers that need Python rows).
     """
@@ -234,6 +237,7 @@ class ChangeBlock:
     tx_id: str | None = None
     commit_ts: datetime | None = None
     snapshot: bool = False
+    seqs: pa.Array | None = None
 
     @property
     def table(self) -> TableId:
@@ -243,8 +247,20 @@ class ChangeBlock:
     def rows(self) -> int:
         return int(self.data.num_rows)
 
+    def seq_at(self, index: int) -> int:
+        """Row ``index``'s sequence number."""
+        if self.seqs is None:
+            return int(self.start.seq) + index
+        return int(self.seqs[index].as_py())
+
     def position_at(self, index: int) -> Position:
-        return dataclasses.replace(self.start, seq=self.start.seq + index)
+        return dataclasses.replace(self.start, seq=self.seq_at(index))
+
+    def positions(self) -> list[Position]:
+        """Every row's position (``position_at`` of each row, made in one pass)."""
+        start = self.start
+        numbers = range(start.seq, start.seq + self.rows) if self.seqs is None else self.seqs.to_pylist()
+        return [dataclasses.replace(start, seq=n) for n in numbers]
 
     @property
     def position(self) -> Position:
@@ -261,7 +277,8 @@ class ChangeBlock:
             None if self.before_kind is None else self.before_kind.slice(offset, end - offset), self.identity,
             None if self.unavailable is None else self.unavailable[offset:end],
             None if self.key_changed is None else self.key_changed.slice(offset, end - offset),
-            self.tx_id, self.commit_ts, self.snapshot)
+            self.tx_id, self.commit_ts, self.snapshot,
+            None if self.seqs is None else self.seqs.slice(offset, end - offset))
 
     def after(self, position: Position) -> ChangeBlock | None:
         """The rows whose position is above ``position`` (None: no row is); the block itself when all are."""
@@ -270,8 +287,10 @@ class ChangeBlock:
         if self.position <= position:  # type: ignore[operator]
             return None
         # Only a position of this block's transaction (same commit point) can fall inside it.
-        skip = position.seq - self.start.seq + 1
-        return self.slice(skip)
+        if self.seqs is None:
+            return self.slice(position.seq - self.start.seq + 1)
+        seqs = self.seqs.to_numpy(zero_copy_only=False)
+        return self.slice(int(np.searchsorted(seqs, position.seq, side="right")))
 
     def encoded_positions(self) -> pa.Array:
         """``_cdc_pos`` of every row: the first row's encoding with each row's sequence number."""
@@ -280,7 +299,8 @@ class ChangeBlock:
         digits = f"{seq:010d}"
         if not head.endswith(digits):
             raise ValueError(f"position {head} does not end with its sequence number {digits}")
-        seqs = pa.array(np.arange(seq, seq + self.rows, dtype=np.int64)).cast(pa.string())
+        numbers = self.seqs if self.seqs is not None else pa.array(np.arange(seq, seq + self.rows, dtype=np.int64))
+        seqs = numbers.cast(pa.string())
         padded = pc.utf8_lpad(seqs, 10, "0")
         return pc.binary_join_element_wise(head[: -len(digits)], padded, "")
 
@@ -317,10 +337,11 @@ class ChangeBlock:
                 elif kind == BEFORE_KEY:
                     olds[i] = {k: old[k] for k in self.identity}
         missing = self.unavailable or ((),) * self.rows
+        positions = self.positions()
         out = []
         for i, (op, row, old, gone) in enumerate(zip(ops, rows, olds, missing, strict=True)):
             deleted = op is Op.DELETE
-            out.append(ChangeEvent(op, self.schema, self.position_at(i), before=old, after=None if deleted else row,
+            out.append(ChangeEvent(op, self.schema, positions[i], before=old, after=None if deleted else row,
                                    tx_id=self.tx_id, commit_ts=self.commit_ts, snapshot=self.snapshot,
                                    unavailable=gone))
         return out
@@ -336,8 +357,9 @@ class ChangeBlock:
         missing = self.unavailable
         out: list[tuple[Position, str | None, tuple[Any, ...], bool]] = []
         tx = self.tx_id
+        positions = self.positions()
         for i, key in enumerate(keys):
-            at = self.position_at(i)
+            at = positions[i]
             out.append((at, tx, key, bool(missing and missing[i])))
             if olds is not None and olds[i] is not None:
                 out.append((at, tx, olds[i], False))  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from pymysqlreplication import event as bl
 from pymysqlreplication import row_event as rows
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import Item, Mark, MarkKind
+from cdcd.events import Item, Mark, MarkKind, event_count
 from cdcd.sockets import keepalive
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.failures import TRANSIENT_CODES
@@ -60,14 +60,21 @@ class Stopped(Exception):
     """The reader was stopped on purpose."""
 
 
+def _weight(item: Item) -> int:
+    """What an item counts for in the channel's bound: its rows (a ChangeBlock holds thousands), at least 1."""
+    return max(1, event_count(item))
+
+
 class Channel:
-    """A bounded hand-over from one producer thread to one asyncio consumer."""
+    """A bounded hand-over from one producer thread to one asyncio consumer; the bound counts rows, so a
+    channel of ChangeBlocks holds no more than one of ChangeEvents."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_items: int) -> None:
         self._loop = loop
         self._max = max_items
         self._cond = threading.Condition()
         self._buf: deque[Item] = deque()
+        self._held = 0  # the weight of what ``_buf`` holds
         self._event = asyncio.Event()
         self._waiting = False
         self._done = False
@@ -77,11 +84,12 @@ class Channel:
     def put_many(self, items: list[Item]) -> None:
         """Thread side: blocks while full; raises Stopped once stopping."""
         with self._cond:
-            while len(self._buf) >= self._max and not self.stopping:
+            while self._held >= self._max and not self.stopping:
                 self._cond.wait(0.5)
             if self.stopping:
                 raise Stopped
             self._buf.extend(items)
+            self._held += sum(map(_weight, items))
             self._wake()
 
     def finish(self, error: BaseException | None) -> None:
@@ -114,6 +122,7 @@ class Channel:
                 if self._buf:
                     out = list(self._buf)
                     self._buf.clear()
+                    self._held = 0
                     self._cond.notify_all()
                     return out
                 if self._done:
@@ -235,7 +244,8 @@ class BinlogReader:
                     continue
                 items = decoder.feed(ev)
                 if not items:
-                    self.read_upto = (decoder.file, int(ev.packet.log_pos))
+                    if not decoder.pending:  # rows gathered for a block are not handed on yet
+                        self.read_upto = (decoder.file, int(ev.packet.log_pos))
                     continue
                 if len(items) == 1 and type(items[0]) is Mark and items[0].kind == MarkKind.COMMIT \
                         and not items[0].detail["events"]:
@@ -246,7 +256,8 @@ class BinlogReader:
                     held = None
                 self.channel.put_many(items)
                 last_sent = time.monotonic()
-                self.read_upto = (decoder.file, int(ev.packet.log_pos))  # after its items are handed on
+                if not decoder.pending:
+                    self.read_upto = (decoder.file, int(ev.packet.log_pos))  # after its items are handed on
             if not self.channel.stopping:
                 # A blocking dump never ends by itself: the server sent EOF (it is shutting down, or RESET MASTER
                 # removed the binlog being read). Never a clean end: reconnect, which checks the server's binlog.

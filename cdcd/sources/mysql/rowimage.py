@@ -289,6 +289,68 @@ class _Unsupported(Exception):
     """A column this module does not decode; the table falls back to pymysqlreplication."""
 
 
+#: How a columnar reader leaves a column's values when not as the row reader's (``columnar.py`` converts):
+#: ``micros``: TIMESTAMP as int microseconds since the epoch; ``unscaled``: DECIMAL (precision <= 38) as the
+#: int of its digits (value * 10**scale); ``utf8``: UTF-8 text as the raw bytes (Arrow validates them).
+FORM_MICROS, FORM_UNSCALED, FORM_UTF8 = "micros", "unscaled", "utf8"
+Form = tuple[str, int] | None  # (FORM_*, its argument: a DECIMAL's scale, else 0); None: the row reader's value
+
+
+def _unscaled_reader(precision: int, scale: int) -> tuple[Callable[[bytes, int], int], int]:
+    """Packed DECIMAL as the int of its digits: ``_decimal_reader``'s value times 10**scale, as an int."""
+    int_groups, frac_groups = _decimal_groups(precision - scale, False), _decimal_groups(scale, True)
+    size = sum(n for n, _ in int_groups + frac_groups)
+    sign_bit = 1 << (8 * size - 1)
+    flip_neg = ((1 << (8 * size)) - 1) ^ sign_bit
+    groups = []
+    shift = 8 * size
+    for n, limit in int_groups + frac_groups:
+        shift -= 8 * n
+        groups.append((shift, (1 << (8 * n)) - 1, limit))
+
+    def read(b: bytes, p: int) -> int:
+        x = int.from_bytes(b[p:p + size], "big")
+        neg = not x & sign_bit
+        x ^= flip_neg if neg else sign_bit
+        v = 0
+        for sh, mask, limit in groups:
+            g = x >> sh & mask
+            if g >= limit:
+                raise ValueError(f"a DECIMAL({precision},{scale}) group holds {g}, more digits than it may")
+            v = v * limit + g
+        return -v if neg else v
+
+    return read, size
+
+
+def _columnar_column(c: Any, col: _Col, errors: str) -> tuple[_Col, Form]:
+    """The columnar readers' form of a column: faster raw forms for TIMESTAMP, DECIMAL and UTF-8 text."""
+    t = c.type
+    if t == FIELD_TYPE.TIMESTAMP2:
+        fsp = int(getattr(c, "fsp", 0) or 0)
+        n = _FRAC_BYTES[fsp]
+        consts: tuple[tuple[str, Any], ...] = (("U{i}", struct.Struct(">i").unpack_from),)
+        if n == 0:
+            return _Col(c.name, ("v{i} = U{i}(b, p)[0] * 1000000", "p += 4"), consts), (FORM_MICROS, 0)
+        return _Col(c.name, (f"m = {_frac_expr(fsp, 4)}", "v{i} = U{i}(b, p)[0] * 1000000 + (m if m > 0 else 0)",
+                             f"p += {4 + n}"), (*consts, ("FB{i}", int.from_bytes))), (FORM_MICROS, 0)
+    if t == FIELD_TYPE.NEWDECIMAL and int(c.precision) <= 38:
+        read, size = _unscaled_reader(int(c.precision), int(c.decimals))
+        return _Col(c.name, ("v{i} = R{i}(b, p)", f"p += {size}"), (("R{i}", read),)), (FORM_UNSCALED, int(c.decimals))
+    text = t in (FIELD_TYPE.VARCHAR, FIELD_TYPE.STRING) or (t == FIELD_TYPE.BLOB and c.length_size in (1, 2, 3, 4))
+    if text and errors == "strict" and c.character_set_name is not None:
+        enc = rows.RowsEvent.charset_to_encoding(c.character_set_name)
+        try:
+            utf8 = codecs.lookup(enc).name == "utf-8"
+        except LookupError:
+            utf8 = False
+        if utf8 and any(line.endswith(".decode(ENC{i}, ERR{i})") for line in col.lines):
+            lines = tuple("v{i} = b[p:p + m]" if line.endswith(".decode(ENC{i}, ERR{i})") else line
+                          for line in col.lines)
+            return _Col(c.name, lines, col.consts), (FORM_UTF8, 0)
+    return col, None
+
+
 def _column(c: Any, errors: str) -> _Col:
     t = c.type
     if not c.name:
@@ -343,6 +405,59 @@ def _image_source(cols: tuple[_Col, ...], present: tuple[bool, ...]) -> tuple[st
     return "\n".join(out), consts
 
 
+#: A columnar reader: (packet, start, end, data lists, before lists, zero-value column names) -> end offset
+ColumnReader = Callable[[bytes, int, int, list[list[Any]], list[list[Any]], set[str]], int]
+_EMPTY_SET_LINE = f"s[K{{i}}] = {NONE_SOURCE.EMPTY_SET!r}"
+
+
+def _column_lines(col: _Col) -> list[str]:
+    """A column's lines for the columnar readers: no per-row none-source dict. An empty SET is the empty
+    string at once (the row path's ``_fix_empty_sets``); a zero or out-of-range date is None, its column
+    named in ``z`` for the zero-date warning."""
+    out = []
+    for line in col.lines:
+        body = line.lstrip()
+        indent = line[: len(line) - len(body)]
+        if body == _EMPTY_SET_LINE:
+            out.append(indent + "v{i} = ''")
+        elif body.startswith("s[K{i}] = "):
+            out.append(indent + "z.add(K{i})")
+        else:
+            out.append(line)
+    return out
+
+
+def _columns_source(cols: tuple[_Col, ...], images: list[tuple[tuple[bool, ...], tuple[str, ...]]]
+                    ) -> tuple[str, dict[str, Any]]:
+    """Python source of a reader that decodes every row of a rows event and appends each value to its
+    column's list: ``images`` are the row's images in order (one, or an update's before and after), each
+    with its columns-present bitmap and the list prefixes its values go to (``a``: data, ``b``: before)."""
+    consts: dict[str, Any] = {"FB": int.from_bytes}
+    out = ["def read(b, p, end, A, B, z):"]
+    for prefix, lists in (("a", "A"), ("b", "B")):
+        if any(prefix in targets for _, targets in images):
+            out += [f"    {prefix}{i} = {lists}[{i}].append" for i in range(len(cols))]
+    out.append("    while p < end:")
+    for present, targets in images:
+        nb = (sum(present) + 7) // 8
+        out += ["        n = b[p]", "        p += 1"] if nb == 1 else \
+            [f"        n = FB(b[p:p + {nb}], 'little')", f"        p += {nb}"]
+        bit = 0
+        for i, (col, here) in enumerate(zip(cols, present, strict=True)):
+            consts[f"K{i}"] = col.name
+            appends = [f"{t}{i}(v{i})" for t in targets]
+            if not here:
+                out += [f"        {t}{i}(None)" for t in targets]
+                continue
+            out += [f"        if n >> {bit} & 1:"] + [f"            {t}{i}(None)" for t in targets] + ["        else:"]
+            consts.update((name.format(i=i), value) for name, value in col.consts)
+            out += ["            " + line.format(i=i) for line in _column_lines(col)]
+            out += [f"            {a}" for a in appends]
+            bit += 1
+    out.append("    return p")
+    return "\n".join(out), consts
+
+
 def _compile_image(cols: tuple[_Col, ...], present: tuple[bool, ...]) -> Image:
     source, consts = _image_source(cols, present)
     namespace: dict[str, Any] = dict(consts)
@@ -356,9 +471,15 @@ def _compile_image(cols: tuple[_Col, ...], present: tuple[bool, ...]) -> Image:
 class TableDecoder:
     """Row-image readers for one table-map shape, one per columns-present bitmap seen."""
 
-    def __init__(self, cols: tuple[_Col, ...]) -> None:
+    def __init__(self, cols: tuple[_Col, ...], columnar: tuple[tuple[_Col, Form], ...] | None = None) -> None:
         self.cols = cols
+        # the columnar readers' columns and each one's form (None: the row reader's value)
+        self.columnar_cols = cols if columnar is None else tuple(c for c, _ in columnar)
+        self.forms: tuple[Form, ...] = (None,) * len(cols) if columnar is None else \
+            tuple(f for _, f in columnar)
+        self._present: dict[bytes, tuple[bool, ...]] = {}
         self._images: dict[bytes, Image] = {}
+        self._readers: dict[tuple[str, bytes, bytes], ColumnReader] = {}
 
     def image(self, bitmap: bytes) -> Image:
         img = self._images.get(bitmap)
@@ -369,6 +490,61 @@ class TableDecoder:
                 self._images.clear()
             self._images[bitmap] = img
         return img
+
+    def present(self, bitmap: bytes) -> tuple[bool, ...]:
+        """Which columns a columns-present bitmap holds."""
+        got = self._present.get(bitmap)
+        if got is None:
+            got = tuple(bool(bitmap[i >> 3] >> (i & 7) & 1) for i in range(len(self.cols)))
+            if len(self._present) >= _MAX_IMAGES:
+                self._present.clear()
+            self._present[bitmap] = got
+        return got
+
+    def column_reader(self, kind: str, bitmap: bytes, bitmap2: bytes = b"") -> ColumnReader:
+        """The columnar reader of rows events of ``kind`` (``write``, ``update``, ``delete``) with these
+        columns-present bitmaps: a write's values go to the data lists, a delete's to the data and the before
+        lists, an update's before image to the before lists and its after image to the data lists."""
+        key = (kind, bitmap, bitmap2)
+        reader = self._readers.get(key)
+        if reader is None:
+            first = self.present(bitmap)
+            images: list[tuple[tuple[bool, ...], tuple[str, ...]]] = \
+                [(first, ("b",)), (self.present(bitmap2), ("a",))] if kind == "update" else \
+                [(first, ("a", "b") if kind == "delete" else ("a",))]
+            source, consts = _columns_source(self.columnar_cols, images)
+            namespace: dict[str, Any] = dict(consts)
+            exec(compile(source, "<cdcd columnar row image>", "exec"), namespace)  # built from fixed templates
+            reader = namespace["read"]
+            if len(self._readers) >= _MAX_IMAGES:
+                self._readers.clear()
+            self._readers[key] = reader
+        return reader
+
+    def read_columns(self, ev: Any, data: list[list[Any]], before: list[list[Any]], zero: set[str]) -> int | None:
+        """Appends the rows of this rows event to the column lists (``column_reader``); the number of rows
+        read, None when the event is not one this module reads (as ``rows``)."""
+        body = _body(ev, len(self.cols))
+        if body is None:
+            return None
+        buf, start, end = body
+        t = type(ev)
+        if t is rows.UpdateRowsEvent:
+            reader = self.column_reader("update", ev.columns_present_bitmap, ev.columns_present_bitmap2)
+        else:
+            reader = self.column_reader("write" if t is rows.WriteRowsEvent else "delete", ev.columns_present_bitmap)
+        first = len(data[0])
+        try:
+            pos = reader(buf, start, end, data, before, zero)
+            if pos != end:
+                raise _Overrun(f"the row images run {pos - end} bytes past the end of the event")
+        except (struct.error, ValueError, IndexError, InvalidOperation, OverflowError, _Overrun) as exc:
+            raise SourceFatal(
+                f"cannot decode a row image of {ev.schema}.{ev.table} in the binlog event ending at "
+                f"{ev.packet.log_pos} ({type(exc).__name__}: {exc}). The event does not match its table map; "
+                "report it with the output of mysqlbinlog/mariadb-binlog --verbose for that position."
+            ) from exc
+        return len(data[0]) - first
 
     def rows(self, ev: Any) -> list[Row] | None:
         """``ev.rows`` of this rows event, decoded here; None when the event is not one this module reads
@@ -459,7 +635,9 @@ def compile_table(columns: list[Any], ignore_decode_errors: bool = False) -> Tab
         return _tables[key]
     errors = "ignore" if ignore_decode_errors else "strict"
     try:
-        decoder: TableDecoder | None = TableDecoder(tuple(_column(c, errors) for c in columns))
+        cols = tuple(_column(c, errors) for c in columns)
+        decoder: TableDecoder | None = TableDecoder(
+            cols, tuple(_columnar_column(c, col, errors) for c, col in zip(columns, cols, strict=True)))
     except _Unsupported:
         decoder = None
     if len(_tables) >= _MAX_TABLES:

@@ -26,7 +26,7 @@ from typing import Any
 
 from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
 from cdcd.errors import CheckpointFatal
-from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId
 from cdcd.positions import MySqlPosition, position_from_json
 from cdcd.sources.mysql.schema import SchemaHistory, schema_from_json
 from cdcd.sources.mysql.types import key_to_json
@@ -89,6 +89,8 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     last: dict[str, ChangeEvent | RowBlock] = {}
     history: SchemaHistory | None = None
     for item in items:
+        if type(item) is ChangeBlock:  # streamed rows: their progress is the position alone
+            continue
         if type(item) is ChangeEvent:
             if item.snapshot and item.op is not Op.TRUNCATE:  # a snapshot's opening truncate is no progress
                 last[str(item.table)] = item
@@ -128,7 +130,7 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
         # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
         # a partly delivered transaction, whose delivered items must then be skipped
         tail = items[-1]
-        if (type(tail) is ChangeEvent and not tail.snapshot) or \
+        if ((type(tail) is ChangeEvent or type(tail) is ChangeBlock) and not tail.snapshot) or \
                 (type(tail) is Mark and tail.kind in (MarkKind.SCHEMA, MarkKind.DDL)):
             new["inside_tx"] = True
         else:

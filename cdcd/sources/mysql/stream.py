@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from cdcd.capture.contracts import Restream
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.errors import SourceError
-from cdcd.events import ChangeEvent, Item, Mark, MarkKind, TableSchema
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, TableSchema
 from cdcd.positions import MySqlPosition, Position
 from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
 from cdcd.sources.mysql.decode import Decoder
@@ -31,7 +32,7 @@ from cdcd.sources.mysql.snapshot import SnapshotTask, Snapshotter, load_table_sc
 if TYPE_CHECKING:
     from cdcd.sources.mysql.source import MySqlSource
 
-QUEUE_ITEMS = 20000  # decoded items buffered ahead of the runtime; the binlog reader waits beyond
+QUEUE_ITEMS = 20000  # decoded rows buffered ahead of the runtime; the binlog reader waits beyond
 
 
 class MySqlSnapshot:
@@ -99,6 +100,7 @@ class MySqlStream:
         self.lag_ms: float | None = None
         self.resend_skip: tuple[str, int] | None = None  # (GTID set, seq): resent items of a partial transaction
         self._restarted: asyncio.Event | None = None  # set when a run after a ``restream`` has its reader going
+        self.columnar = True  # row changes as ChangeBlocks (decode.py); False: the row path, one ChangeEvent per row
 
     @property
     def where(self) -> str:
@@ -127,7 +129,7 @@ class MySqlStream:
         start = self.start
         loop = asyncio.get_running_loop()
         channel = Channel(loop, QUEUE_ITEMS)
-        decoder = Decoder(src.flavor, src.tables, src.history, start.file, start.gtid, src._epoch)
+        decoder = Decoder(src.flavor, src.tables, src.history, start.file, start.gtid, src._epoch, self.columnar)
         dbs = sorted({t.schema for t in src.tables})
         names = sorted({t.name for t in src.tables})
         reader = BinlogReader(src.conn.binlog_settings(STALL_S), src.server_id, src.flavor, start, decoder, dbs,
@@ -150,8 +152,12 @@ class MySqlStream:
                         assert isinstance(pos, MySqlPosition)
                         if pos.gtid == skip[0] and pos.seq <= skip[1]:
                             continue  # resent by the new server: delivered before the failover
+                        if type(item) is ChangeBlock and pos.gtid == skip[0] and item.start.seq <= skip[1]:
+                            kept = item.after(dataclasses.replace(item.start, seq=skip[1]))
+                            assert kept is not None  # its last row is above the skip
+                            item = kept
                         self.resend_skip = None
-                    if type(item) is ChangeEvent and item.commit_ts is not None:
+                    if (type(item) is ChangeEvent or type(item) is ChangeBlock) and item.commit_ts is not None:
                         self.lag_ms = max(0.0, (time.time() - item.commit_ts.timestamp()) * 1000)
                     yield item
         finally:

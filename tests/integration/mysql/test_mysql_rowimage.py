@@ -4,14 +4,16 @@ Rows with edge and generated values of every type the fast path reads are
 inserted, updated (FULL, MINIMAL and NOBLOB row images) and deleted; each rows
 event is decoded by ``rowimage`` and by ``ev.rows`` (with cdcd's compat fix),
 and the two must be identical: same keys in the same order, same value types
-and reprs (Decimal exponents, microseconds), same ``none_sources``.
+and reprs (Decimal exponents, microseconds), same ``none_sources``. The
+columnar readers (what the ChangeBlock stream appends to column lists) must
+give the same values, column by column.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import Any
 
 import pymysql
@@ -28,6 +30,7 @@ from cdcd.sources.mysql import (
     decode,
 )
 from cdcd.sources.mysql.binlog import _EVENTS
+from cdcd.sources.mysql.columnar import decimal_of
 from cdcd.sources.mysql.rowimage import compile_table, unsupported_reason
 from cdcd.sources.mysql.schema import SchemaHistory
 
@@ -203,6 +206,7 @@ def compare_binlog(server: MariaDBServer, db: str, start: tuple[str, int]) -> di
             assert decoder is not None, unsupported_reason(columns)
             ours = decoder.rows(ev)
             assert ours is not None, "the fast path declined a plain rows event"
+            _compare_columns(decoder, ev, ours, columns)
             theirs = ev.rows  # decoded after ours: ours must not have moved the packet cursor
             assert len(ours) == len(theirs)
             for a, b in zip(ours, theirs, strict=True):
@@ -212,6 +216,50 @@ def compare_binlog(server: MariaDBServer, db: str, start: tuple[str, int]) -> di
     finally:
         reader.close()
     return seen
+
+
+def _from_form(form: tuple[str, int], v: Any) -> Any:
+    kind, arg = form
+    if kind == "micros":
+        return datetime(1970, 1, 1) + timedelta(microseconds=v)
+    if kind == "unscaled":
+        return decimal_of(v, arg)
+    assert kind == "utf8"
+    return v.decode("utf-8")
+
+
+def _compare_columns(decoder: Any, ev: Any, ours: list[Any], columns: list[Any]) -> None:
+    """The columnar readers (``read_columns``) give each column the values of the row reader's rows: the
+    after image (the before image of a delete) in the data lists, the before image of an update or a
+    delete in the before lists; an empty SET is '' and a zero date's column is named for its warning."""
+    names = [c.name for c in columns]
+    data: list[list[Any]] = [[] for _ in names]
+    before: list[list[Any]] = [[] for _ in names]
+    zero: set[str] = set()
+    assert decoder.read_columns(ev, data, before, zero) == len(ours)
+    for k, form in enumerate(decoder.forms):  # the raw forms, as the builder turns them into the row reader's
+        if form is not None:
+            for lists in (data, before):
+                lists[k] = [None if v is None else _from_form(form, v) for v in lists[k]]
+    fixed_zero: set[str] = set()
+
+    def fixed(values: dict[str, Any], sources: dict[str, str]) -> list[Any]:
+        for k, v in sources.items():
+            if v == "empty set":
+                values = {**values, k: ""}
+            elif v.startswith("out of"):
+                fixed_zero.add(k)
+        return [values[n] for n in names]
+
+    if isinstance(ev, UpdateRowsEvent):
+        olds = [fixed(r["before_values"], r["before_none_sources"]) for r in ours]
+        news = [fixed(r["after_values"], r["after_none_sources"]) for r in ours]
+    else:
+        news = [fixed(r["values"], r["none_sources"]) for r in ours]
+        olds = news if isinstance(ev, DeleteRowsEvent) else []
+    assert _exact([list(c) for c in zip(*news, strict=True)] if news else [[] for _ in names]) == _exact(data)
+    assert _exact([list(c) for c in zip(*olds, strict=True)] if olds else [[] for _ in names]) == _exact(before)
+    assert zero == fixed_zero
 
 
 @pytest.fixture
@@ -318,7 +366,7 @@ def _decode_all(server: MariaDBServer, db: str, start: tuple[str, int]) -> list[
         server_id=next(_server_ids), log_file=start[0], log_pos=start[1], resume_stream=True, blocking=False,
         only_events=_EVENTS,
     )
-    decoder = decode.Decoder("mariadb", {TableId(db, "t")}, SchemaHistory(), start[0], "")
+    decoder = decode.Decoder("mariadb", {TableId(db, "t")}, SchemaHistory(), start[0], "", columnar=False)
     out = []
     try:
         for ev in reader:
