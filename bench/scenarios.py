@@ -74,11 +74,11 @@ def pg_snapshot(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[R
     db = pg.create_database("bench_snapshot")
     pg.psql(workloads.PG_NARROW, db)
     pg.psql(workloads.PG_WIDE, db)
-    workloads.pg_insert_narrow(pg, db, 1, sizes["snapshot"], 100_000)
+    workloads.pg_insert_narrow(pg, db, 1, sizes["pg_snapshot"], 500_000)
     workloads.pg_insert_wide(pg, db, 1, sizes["snapshot_wide"], 50_000)
     pg.psql("VACUUM ANALYZE", db)
     rows = []
-    for table, count in (("narrow", sizes["snapshot"]), ("wide", sizes["snapshot_wide"])):
+    for table, count in (("narrow", sizes["pg_snapshot"]), ("wide", sizes["snapshot_wide"])):
         base = run_timed([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
                           "postgres", "-d", db, "-c", f"COPY {table} TO STDOUT (FORMAT binary)", "-o", "/dev/null"],
                          count)

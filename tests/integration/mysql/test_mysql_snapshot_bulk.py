@@ -82,10 +82,14 @@ def _rows(items: list[Item]) -> dict[str, list[tuple[dict[str, Any], dict[str, A
     return out
 
 
-@pytest.mark.parametrize("chunk_rows", [2, 50000])
+@pytest.mark.parametrize(("chunk_rows", "transpose"), [(2, True), (50000, True), (50000, False)])
 async def test_bulk_reader_lands_exactly_what_the_aiomysql_reader_lands(
         make_config: Callable[..., Config], sql: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
-        chunk_rows: int) -> None:
+        chunk_rows: int, transpose: bool) -> None:
+    """``transpose`` False: every group takes the path Arrow's refusal of a value sends it on (column by
+    column) instead of the rows' struct transposition."""
+    if not transpose:
+        monkeypatch.setattr(bulkread, "_columns", lambda raw, kinds: [None] * len(kinds))
     sql(ROUNDTRIP_DDL, f"INSERT INTO t VALUES {', '.join(ROUNDTRIP_ROWS)}")
     sql("SET SESSION sql_mode = ''", EXACT_DDL, f"INSERT INTO u VALUES {', '.join(EXACT_ROWS)}")
     sql(*EXTRA)
