@@ -46,6 +46,7 @@ from pyspark.sql.types import (
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
+from cdcd.spark.adopt import adopt, one_version, same_columns
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
 from cdcd.spark.covered import apply_lakehouse as apply_covered
 from cdcd.spark.session import FORMAT_SETTINGS, session
@@ -422,6 +423,11 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         # merge (an earlier attempt), or events the daemon landed again after its crash
         fresh = log_held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
         beside = names.fmt == "delta" and fresh and log_held < seq
+        if beside and one_version(files) and same_columns(p.events.schema, log_schema):
+            # the landed files are the change-log's rows as they are: no Spark write (cdcd.spark.adopt)
+            with _timed(took, "changelog"):
+                adopt(spark, names.location("changelog", schema, table), files, "cdcd-changelog", seq)
+            beside, log_held = False, seq
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog") as pool:
             side = pool.submit(_timed_call, took, "changelog", _append_changelog, spark, names, schema, table,
                                conformed(p.events, log_schema), seq) if beside else None

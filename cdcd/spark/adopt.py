@@ -1,0 +1,91 @@
+"""The Delta change-log append without rewriting the events: the landed Parquet files join the table as they are.
+
+A change-log row is a landed row, column for column. When a segment's landed files of
+a table all have the change-log's columns and types (one schema version, the table
+created or last altered from it) and every event in them is new to the table (the
+job's ``fresh`` append), Spark's append would read them, rebuild the same rows and
+write them again: half the Parquet writing of a merge. Instead each file is linked
+(hard link; a copy across file systems) into the table's directory, and one Delta
+commit adds them, recording the segment's last batch in the same idempotent-write
+transaction (appId ``cdcd-changelog``, version = batch seq) as Spark's append would.
+A crash before that commit leaves only unreferenced files in the directory (Delta's
+VACUUM removes them); the rerun links the files again under new names.
+
+The statistics of each added file are its row count and the ``_cdc_pos`` bounds
+that the manifest records (exact values, so data skipping on ``_cdc_pos`` stays
+correct); the key columns have none, which costs only skipping, never a wrong row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from cdcd.landing.reader import LandedFile
+
+
+def same_columns(landed: StructType, table: StructType) -> bool:
+    """Whether Spark reads the landed files with exactly the table's columns and types (nullability aside)."""
+    return {f.name: f.dataType.simpleString() for f in landed.fields} == {
+        f.name: f.dataType.simpleString() for f in table.fields}
+
+
+def one_version(files: list[LandedFile]) -> bool:
+    """Whether the files were landed under one schema version (the same columns)."""
+    return all(f.entry["table"]["columns"] == files[0].entry["table"]["columns"] for f in files)
+
+
+def _stats(f: LandedFile) -> str:
+    return json.dumps({"numRecords": int(f.entry["rows"]),
+                       "minValues": {"_cdc_pos": f.entry["first_position"]},
+                       "maxValues": {"_cdc_pos": f.entry["last_position"]}})
+
+
+def _link(source: str, dest: Path) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:  # another file system, or links not supported: a copy
+        shutil.copyfile(source, dest)
+
+
+def adopt(spark: SparkSession, table: Path, files: list[LandedFile], app_id: str, seq: int) -> None:
+    """Add ``files`` to the Delta table at ``table`` (a local directory) in one commit recording (app_id, seq)."""
+    tag = uuid.uuid4().hex[:12]
+    actions = []
+    for f in files:
+        name = f"{Path(f.path).stem}-{tag}.parquet"
+        dest = table / name
+        _link(f.path, dest)
+        st = dest.stat()
+        actions.append(json.dumps({"add": {
+            "path": quote(name), "partitionValues": {}, "size": st.st_size,
+            "modificationTime": int(st.st_mtime * 1000), "dataChange": True, "stats": _stats(f)}}))
+    now = int(time.time() * 1000)
+    actions.append(json.dumps({"txn": {"appId": app_id, "version": seq, "lastUpdated": now}}))
+    jvm = spark._jvm
+    assert jvm is not None
+    delta = jvm.org.apache.spark.sql.delta
+    action = getattr(getattr(delta.actions, "Action$"), "MODULE$")  # Scala's companion object
+    parsed = jvm.java.util.ArrayList()
+    for a in actions:
+        parsed.add(action.fromJson(a))
+    seq_actions = jvm.scala.jdk.javaapi.CollectionConverters.asScala(parsed).toList()
+    none = jvm.scala.Option.empty()
+    append = jvm.org.apache.spark.sql.SaveMode.Append
+    operation = getattr(delta, "DeltaOperations$Write")(append, none, none, none, none, none, none, none, none)
+    log = delta.DeltaLog.forTable(spark._jsparkSession, table.as_uri())
+    txn = log.startTransaction()
+    held = txn.txnVersion(app_id)  # re-checked inside the transaction: a commit in between wins
+    if held >= seq:
+        for f in files:
+            (table / f"{Path(f.path).stem}-{tag}.parquet").unlink(missing_ok=True)
+        return
+    txn.commit(seq_actions, operation)
