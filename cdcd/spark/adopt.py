@@ -24,6 +24,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from pyspark.sql import SparkSession
@@ -43,10 +44,11 @@ def one_version(files: list[LandedFile]) -> bool:
     return all(f.entry["table"]["columns"] == files[0].entry["table"]["columns"] for f in files)
 
 
-def _stats(f: LandedFile) -> str:
-    return json.dumps({"numRecords": int(f.entry["rows"]),
-                       "minValues": {"_cdc_pos": f.entry["first_position"]},
-                       "maxValues": {"_cdc_pos": f.entry["last_position"]}})
+def _stats(f: LandedFile, extra: dict[str, Any]) -> str:
+    """Delta's statistics of an added file: its rows, the manifest's ``_cdc_pos`` bounds and ``extra``'s."""
+    lows: dict[str, Any] = {"_cdc_pos": f.entry["first_position"], **extra.get("minValues", {})}
+    highs: dict[str, Any] = {"_cdc_pos": f.entry["last_position"], **extra.get("maxValues", {})}
+    return json.dumps({"numRecords": int(f.entry["rows"]), "minValues": lows, "maxValues": highs})
 
 
 def _link(source: str, dest: Path) -> None:
@@ -56,18 +58,23 @@ def _link(source: str, dest: Path) -> None:
         shutil.copyfile(source, dest)
 
 
-def adopt(spark: SparkSession, table: Path, files: list[LandedFile], app_id: str, seq: int) -> None:
-    """Add ``files`` to the Delta table at ``table`` (a local directory) in one commit recording (app_id, seq)."""
+def adopt(spark: SparkSession, table: Path, files: list[LandedFile], app_id: str, seq: int,
+          stats: list[dict[str, Any]] | None = None) -> None:
+    """Add ``files`` to the Delta table at ``table`` (a local directory) in one commit recording (app_id, seq);
+    only for a table that does not hold (app_id, seq) yet.
+
+    ``stats``: per file, more statistics (``minValues``/``maxValues`` by column) than the position bounds.
+    """
     tag = uuid.uuid4().hex[:12]
     actions = []
-    for f in files:
+    for f, extra in zip(files, stats or [{} for _ in files], strict=True):
         name = f"{Path(f.path).stem}-{tag}.parquet"
         dest = table / name
         _link(f.path, dest)
         st = dest.stat()
         actions.append(json.dumps({"add": {
             "path": quote(name), "partitionValues": {}, "size": st.st_size,
-            "modificationTime": int(st.st_mtime * 1000), "dataChange": True, "stats": _stats(f)}}))
+            "modificationTime": int(st.st_mtime * 1000), "dataChange": True, "stats": _stats(f, extra)}}))
     now = int(time.time() * 1000)
     actions.append(json.dumps({"txn": {"appId": app_id, "version": seq, "lastUpdated": now}}))
     jvm = spark._jvm
@@ -82,10 +89,6 @@ def adopt(spark: SparkSession, table: Path, files: list[LandedFile], app_id: str
     append = jvm.org.apache.spark.sql.SaveMode.Append
     operation = getattr(delta, "DeltaOperations$Write")(append, none, none, none, none, none, none, none, none)
     log = delta.DeltaLog.forTable(spark._jsparkSession, table.as_uri())
-    txn = log.startTransaction()
-    held = txn.txnVersion(app_id)  # re-checked inside the transaction: a commit in between wins
-    if held >= seq:
-        for f in files:
-            (table / f"{Path(f.path).stem}-{tag}.parquet").unlink(missing_ok=True)
-        return
-    txn.commit(seq_actions, operation)
+    # no txnVersion(app_id) check in the transaction: it reconstructs the table's state with a Spark job (1 s
+    # and more); the caller has checked the table's record (``lakehouse.applied_seq``) and is its only writer
+    log.startTransaction().commit(seq_actions, operation)

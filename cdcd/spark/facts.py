@@ -46,6 +46,10 @@ class Facts:
     key_changes: int = 0
     unique: bool = False  # every key has one row event (no truncate counted): no per-key ordering needed
     key_range: KeyRange | None = None  # of the first key column over every key the events name
+    deletes: int | None = None  # delete events (None: not counted, the Spark aggregate's facts)
+    #: Per landed file, the lowest and highest value of the first key column of its row events (None: not
+    #: known), for the statistics of a landed file that becomes a mirror file as it is (``cdcd.spark.adopt``)
+    file_ranges: list[tuple[Any, Any] | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
     first = key[0]
     ranged = isinstance(types[first], RANGED)
     found = Facts()
+    deletes = 0
     lows: list[Any] = []
     highs: list[Any] = []
     rows = nulls = 0
@@ -111,6 +116,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
             truncates.append(str(pc.max(cut["_cdc_pos"]).as_py()))
         body = t.filter(is_row)
         rows += body.num_rows
+        deletes += int(pc.sum(pc.equal(t["_cdc_op"], "d")).as_py() or 0)
         if "_cdc_unavailable" in t.column_names:
             found.unavailable |= {str(v) for v in pc.unique(pc.list_flatten(t["_cdc_unavailable"])).to_pylist()
                                   if v is not None}
@@ -128,12 +134,15 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
             else:
                 nulls += moved.num_rows  # the old key does not name the column: a NULL, as in Spark's aggregate
         nulls += body[first].null_count
+        own = pc.min_max(body[first]) if ranged else None
+        found.file_ranges.append((own["min"].as_py(), own["max"].as_py()) if own is not None else None)
         if ranged:
             for v in values:
                 extremes = pc.min_max(v)
                 lows.append(extremes["min"].as_py())
                 highs.append(extremes["max"].as_py())
     found.truncate_pos = max(truncates) if truncates else None
+    found.deletes = deletes
     if ranged:
         found.key_range = KeyRange(first, _extreme(lows, min), _extreme(highs, max), nulls > 0)
     if not found.key_changes and not found.unavailable and found.truncate_pos is None:
