@@ -45,10 +45,13 @@ def one_version(files: list[LandedFile]) -> bool:
 
 
 def _stats(f: LandedFile, extra: dict[str, Any]) -> str:
-    """Delta's statistics of an added file: its rows, the manifest's ``_cdc_pos`` bounds and ``extra``'s."""
+    """Delta's statistics of an added file: its rows, the manifest's ``_cdc_pos`` bounds and ``extra``'s
+    (``minValues``, ``maxValues``, ``nullCount`` by column)."""
     lows: dict[str, Any] = {"_cdc_pos": f.entry["first_position"], **extra.get("minValues", {})}
     highs: dict[str, Any] = {"_cdc_pos": f.entry["last_position"], **extra.get("maxValues", {})}
-    return json.dumps({"numRecords": int(f.entry["rows"]), "minValues": lows, "maxValues": highs})
+    nulls: dict[str, Any] = {"_cdc_pos": 0, **extra.get("nullCount", {})}  # every landed event has a position
+    return json.dumps({"numRecords": int(f.entry["rows"]), "minValues": lows, "maxValues": highs,
+                       "nullCount": nulls})
 
 
 def _link(source: str, dest: Path) -> None:

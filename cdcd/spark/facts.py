@@ -46,10 +46,12 @@ class Facts:
     key_changes: int = 0
     unique: bool = False  # every key has one row event (no truncate counted): no per-key ordering needed
     key_range: KeyRange | None = None  # of the first key column over every key the events name
-    deletes: int | None = None  # delete events (None: not counted, the Spark aggregate's facts)
-    #: Per landed file, the lowest and highest value of the first key column of its row events (None: not
-    #: known), for the statistics of a landed file that becomes a mirror file as it is (``cdcd.spark.adopt``)
-    file_ranges: list[tuple[Any, Any] | None] = field(default_factory=list)
+    #: Delete events (None: not counted, as by the Spark aggregate: only the pyarrow facts count them).
+    deletes: int | None = field(default=None, compare=False)
+    #: Per landed file, the lowest and highest value and the NULL count of the first key column of its row
+    #: events (None: not a ranged type), for the statistics of a landed file that becomes a mirror file as it
+    #: is (``cdcd.spark.adopt``); empty from the Spark aggregate.
+    file_ranges: list[tuple[Any, Any, int] | None] = field(default_factory=list, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,8 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
                 nulls += moved.num_rows  # the old key does not name the column: a NULL, as in Spark's aggregate
         nulls += body[first].null_count
         own = pc.min_max(body[first]) if ranged else None
-        found.file_ranges.append((own["min"].as_py(), own["max"].as_py()) if own is not None else None)
+        found.file_ranges.append((own["min"].as_py(), own["max"].as_py(), body[first].null_count)
+                                 if own is not None else None)
         if ranged:
             for v in values:
                 extremes = pc.min_max(v)

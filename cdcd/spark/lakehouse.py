@@ -511,8 +511,9 @@ def key_stats(p: Prepared) -> list[dict[str, Any]]:
     first = p.key[0]
     if not isinstance(p.types[first], ByteType | ShortType | IntegerType | LongType | StringType):
         return [{} for _ in p.facts.file_ranges]
-    return [{"minValues": {first: r[0]}, "maxValues": {first: r[1]}} if r is not None and r[0] is not None
-            else {} for r in p.facts.file_ranges]
+    # Delta uses a file's min/max only with its NULL count (a column of NULLs only has no min/max)
+    return [{"minValues": {first: r[0]}, "maxValues": {first: r[1]}, "nullCount": {first: r[2]}}
+            if r is not None and r[0] is not None else {} for r in p.facts.file_ranges]
 
 
 def _append_changelog(spark: SparkSession, names: Names, schema: str, table: str, events: DataFrame,
