@@ -1,19 +1,24 @@
-"""The Delta change-log append without rewriting the events: the landed Parquet files join the table as they are.
+"""Delta appends without rewriting the events: landed Parquet files join a table as they are.
 
 A change-log row is a landed row, column for column. When a segment's landed files of
-a table all have the change-log's columns and types (one schema version, the table
-created or last altered from it) and every event in them is new to the table (the
-job's ``fresh`` append), Spark's append would read them, rebuild the same rows and
-write them again: half the Parquet writing of a merge. Instead each file is linked
-(hard link; a copy across file systems) into the table's directory, and one Delta
-commit adds them, recording the segment's last batch in the same idempotent-write
-transaction (appId ``cdcd-changelog``, version = batch seq) as Spark's append would.
+a table all have the change-log's columns and types (one schema version) and every
+event in them is new to the table (the job's ``fresh`` append), Spark's append would
+read them, rebuild the same rows and write them again. The same holds for a mirror
+the merge has just created when the events are one insert or update per key (no
+delete, truncate, key change or unavailable column): the landed rows are the mirror's
+rows, and the landed columns the mirror does not have are not read (a Delta reader
+reads the table's columns by name; the mirror is created with its column names as
+physical names, ``lakehouse.ddl``). Then each file is linked (hard link; a copy
+across file systems) into the table's directory, and one Delta commit adds them,
+recording the segment's last batch in the same idempotent-write transaction (appId
+``cdcd-changelog`` or ``cdcd-mirror``, version = batch seq) as Spark's append would.
 A crash before that commit leaves only unreferenced files in the directory (Delta's
 VACUUM removes them); the rerun links the files again under new names.
 
-The statistics of each added file are its row count and the ``_cdc_pos`` bounds
-that the manifest records (exact values, so data skipping on ``_cdc_pos`` stays
-correct); the key columns have none, which costs only skipping, never a wrong row.
+The statistics of each added file: its row count, the ``_cdc_pos`` bounds that the
+manifest records and, for a mirror, the first key column's bounds and NULL count
+(exact values, so data skipping stays correct; Delta uses min/max only next to a
+NULL count).
 """
 
 from __future__ import annotations
