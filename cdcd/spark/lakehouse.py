@@ -413,10 +413,11 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
     statement the table already holds is skipped: a batch applied twice, or again after
     a crash between two statements, leaves the tables as they are. The change-log takes
     a plain append when it holds none of the events yet, else an insert-only MERGE. On
-    Delta Lake the append records its batch in its own write options, not in the
-    session, so it runs in a second thread while the mirror's statements run: the two
-    writes share the cores, and one's driver-side work (planning, the Delta commit)
-    overlaps the other's tasks.
+    Delta Lake the append records its batch in its own write options (or its own commit,
+    when the landed files join the table as they are: ``cdcd.spark.adopt``, also for a new
+    mirror of one insert or update per key), not in the session, so it runs in a second
+    thread while the mirror's statements run: the two writes share the cores, and one's
+    driver-side work (planning, the Delta commit) overlaps the other's tasks.
     """
     seq = files[-1].seq
     took = timings if timings is not None else {}
