@@ -437,12 +437,23 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         with _timed(took, "ddl"):
             log_have = table_schema(spark, names, "changelog", schema, table)
             plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
-            _run(spark, [*plan.namespaces, *plan.changelog_ddl, *plan.mirror_ddl])
-            # a table created by this merge holds no batch yet: no need to read its log for one
-            log_held = applied_seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
-            mirror_held = applied_seq(spark, names, "tables", schema, table, "mirror") if mirror_have is not None else 0
-            log_schema = (log_have if log_have is not None and not plan.changelog_ddl
-                          else _required(spark, names, schema, table))
+            _run(spark, plan.namespaces)
+
+            def changelog_side() -> tuple[int, StructType]:
+                _run(spark, plan.changelog_ddl)
+                # a table created by this merge holds no batch yet: no need to read its log for one
+                held = applied_seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
+                return held, (log_have if log_have is not None and not plan.changelog_ddl
+                              else _required(spark, names, schema, table))
+
+            # on Delta the two tables' DDL and log reads run side by side (driver work of separate tables, each
+            # its own commits); Iceberg's catalog (SQLite by default) takes one statement at a time
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog-ddl") as pool:
+                log_side = pool.submit(changelog_side) if names.fmt == "delta" else None
+                _run(spark, plan.mirror_ddl)
+                mirror_held = (applied_seq(spark, names, "tables", schema, table, "mirror")
+                               if mirror_have is not None else 0)
+                log_held, log_schema = log_side.result() if log_side is not None else changelog_side()
         # an append unless the table may hold some of these events already: a batch of this
         # merge (an earlier attempt), or events the daemon landed again after its crash
         fresh = log_held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
