@@ -46,6 +46,12 @@ class Facts:
     key_changes: int = 0
     unique: bool = False  # every key has one row event (no truncate counted): no per-key ordering needed
     key_range: KeyRange | None = None  # of the first key column over every key the events name
+    #: Delete events (None: not counted, as by the Spark aggregate: only the pyarrow facts count them).
+    deletes: int | None = field(default=None, compare=False)
+    #: Per landed file, the lowest and highest value and the NULL count of the first key column of its row
+    #: events (None: not a ranged type), for the statistics of a landed file that becomes a mirror file as it
+    #: is (``cdcd.spark.adopt``); empty from the Spark aggregate.
+    file_ranges: list[tuple[Any, Any, int] | None] = field(default_factory=list, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +105,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
     first = key[0]
     ranged = isinstance(types[first], RANGED)
     found = Facts()
+    deletes = 0
     lows: list[Any] = []
     highs: list[Any] = []
     rows = nulls = 0
@@ -111,6 +118,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
             truncates.append(str(pc.max(cut["_cdc_pos"]).as_py()))
         body = t.filter(is_row)
         rows += body.num_rows
+        deletes += int(pc.sum(pc.equal(t["_cdc_op"], "d")).as_py() or 0)
         if "_cdc_unavailable" in t.column_names:
             found.unavailable |= {str(v) for v in pc.unique(pc.list_flatten(t["_cdc_unavailable"])).to_pylist()
                                   if v is not None}
@@ -128,12 +136,16 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types:
             else:
                 nulls += moved.num_rows  # the old key does not name the column: a NULL, as in Spark's aggregate
         nulls += body[first].null_count
+        own = pc.min_max(body[first]) if ranged else None
+        found.file_ranges.append((own["min"].as_py(), own["max"].as_py(), body[first].null_count)
+                                 if own is not None else None)
         if ranged:
             for v in values:
                 extremes = pc.min_max(v)
                 lows.append(extremes["min"].as_py())
                 highs.append(extremes["max"].as_py())
     found.truncate_pos = max(truncates) if truncates else None
+    found.deletes = deletes
     if ranged:
         found.key_range = KeyRange(first, _extreme(lows, min), _extreme(highs, max), nulls > 0)
     if not found.key_changes and not found.unavailable and found.truncate_pos is None:

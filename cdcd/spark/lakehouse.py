@@ -13,6 +13,7 @@ are on Spark's classpath.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ from pyspark.sql.types import (
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
+from cdcd.spark.adopt import adopt, one_version, same_columns
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
 from cdcd.spark.covered import apply_lakehouse as apply_covered
 from cdcd.spark.session import FORMAT_SETTINGS, session
@@ -228,15 +230,37 @@ def schema_changes(have: StructType, want: StructType, fmt: str, drop: bool,
     return out
 
 
+#: Characters Delta refuses in a column name unless column mapping is on.
+_MAPPED_ONLY = re.compile(r"[ ,;{}()\n\t=]")
+_MAPPING = {"delta.columnMapping.mode": "name"}
+
+
+def plain_names(schema: StructType) -> bool:
+    """Whether Delta takes every column name of ``schema`` without column mapping."""
+    return not any(_MAPPED_ONLY.search(f.name) for f in schema.fields)
+
+
 def ddl(table: str, have: StructType | None, want: StructType, fmt: str, properties: dict[str, str],
         drop: bool) -> list[str]:
-    """CREATE TABLE for a new table, else the ALTER TABLEs of the schema change (none: same schema)."""
+    """CREATE TABLE for a new table, else the ALTER TABLEs of the schema change (none: same schema).
+
+    A Delta table with column mapping whose column names Delta takes without it is created without it,
+    then column mapping is switched on: its first columns keep their names as physical names (a new
+    table with column mapping would get generated ones), so landed Parquet files can become its data
+    files as they are (``cdcd.spark.adopt``). A drop switches it on again first (a no-op when on): a crash
+    between the two statements must not leave a mirror that cannot drop a column.
+    """
+    mapped = fmt == "delta" and properties.get("delta.columnMapping.mode") == "name"
     if have is None:
+        if mapped and plain_names(want):
+            plain = {k: v for k, v in properties.items() if k not in _MAPPING}
+            return [sql.create_table(table, want, fmt, plain), sql.set_properties(table, _MAPPING)]
         return [sql.create_table(table, want, fmt, properties)]
     changes = schema_changes(have, want, fmt, drop)
     out = [sql.add_columns(table, changes.adds)] if changes.adds else []
     out += [sql.change_type(table, p, t) for p, t in changes.retypes]
     if changes.drops:
+        out += [sql.set_properties(table, _MAPPING)] if mapped else []
         out.append(sql.drop_columns(table, changes.drops))
     return out
 
@@ -389,10 +413,11 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
     statement the table already holds is skipped: a batch applied twice, or again after
     a crash between two statements, leaves the tables as they are. The change-log takes
     a plain append when it holds none of the events yet, else an insert-only MERGE. On
-    Delta Lake the append records its batch in its own write options, not in the
-    session, so it runs in a second thread while the mirror's statements run: the two
-    writes share the cores, and one's driver-side work (planning, the Delta commit)
-    overlaps the other's tasks.
+    Delta Lake the append records its batch in its own write options (or its own commit,
+    when the landed files join the table as they are: ``cdcd.spark.adopt``, also for a new
+    mirror of one insert or update per key), not in the session, so it runs in a second
+    thread while the mirror's statements run: the two writes share the cores, and one's
+    driver-side work (planning, the Delta commit) overlaps the other's tasks.
     """
     seq = files[-1].seq
     took = timings if timings is not None else {}
@@ -412,19 +437,36 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
         with _timed(took, "ddl"):
             log_have = table_schema(spark, names, "changelog", schema, table)
             plan = statements(p, names, schema, table, log_have, mirror_have, views, (lowest, last_pos))
-            _run(spark, [*plan.namespaces, *plan.changelog_ddl, *plan.mirror_ddl])
-            # a table created by this merge holds no batch yet: no need to read its log for one
-            log_held = applied_seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
-            mirror_held = applied_seq(spark, names, "tables", schema, table, "mirror") if mirror_have is not None else 0
-            log_schema = (log_have if log_have is not None and not plan.changelog_ddl
-                          else _required(spark, names, schema, table))
+            _run(spark, plan.namespaces)
+
+            def changelog_side() -> tuple[int, StructType]:
+                _run(spark, plan.changelog_ddl)
+                # a table created by this merge holds no batch yet: no need to read its log for one
+                held = applied_seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
+                return held, (log_have if log_have is not None and not plan.changelog_ddl
+                              else _required(spark, names, schema, table))
+
+            # on Delta the two tables' DDL and log reads run side by side (driver work of separate tables, each
+            # its own commits); Iceberg's catalog (SQLite by default) takes one statement at a time
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog-ddl") as pool:
+                log_side = pool.submit(changelog_side) if names.fmt == "delta" else None
+                _run(spark, plan.mirror_ddl)
+                mirror_held = (applied_seq(spark, names, "tables", schema, table, "mirror")
+                               if mirror_have is not None else 0)
+                log_held, log_schema = log_side.result() if log_side is not None else changelog_side()
         # an append unless the table may hold some of these events already: a batch of this
         # merge (an earlier attempt), or events the daemon landed again after its crash
         fresh = log_held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
         beside = names.fmt == "delta" and fresh and log_held < seq
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog") as pool:
-            side = pool.submit(_timed_call, took, "changelog", _append_changelog, spark, names, schema, table,
-                               conformed(p.events, log_schema), seq) if beside else None
+            side = None
+            if beside and one_version(files) and same_columns(p.events.schema, log_schema):
+                # the landed files are the change-log's rows as they are: no Spark write (cdcd.spark.adopt)
+                side = pool.submit(_timed_call, took, "changelog", adopt, spark,
+                                   names.location("changelog", schema, table), files, "cdcd-changelog", seq)
+            elif beside:
+                side = pool.submit(_timed_call, took, "changelog", _append_changelog, spark, names, schema, table,
+                                   conformed(p.events, log_schema), seq)
             if not beside and log_held < seq:
                 with _timed(took, "changelog"):
                     _register(spark, conformed(p.events, log_schema), views[0])
@@ -435,7 +477,9 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
                 # below its position) and Delta records it too; Iceberg may drop whole files without a snapshot
                 # summary of ours (a metadata-only delete)
                 if mirror_held < seq:
-                    _apply_mirror(spark, names, schema, table, p, plan, views[1], seq, created=mirror_have is None)
+                    new_only = min(f.entry["first_position"] for f in files) > prev.watermark
+                    _apply_mirror(spark, names, schema, table, p, plan, views[1], seq, created=mirror_have is None,
+                                  files=files if new_only else None)
             if side is not None:
                 side.result()  # the change-log's failure, if any, fails the merge
         for v in views:
@@ -446,10 +490,15 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
 
 
 def _apply_mirror(spark: SparkSession, names: Names, schema: str, table: str, p: Prepared, plan: Statements,
-                  view: str, seq: int, created: bool) -> None:
+                  view: str, seq: int, created: bool, files: list[LandedFile] | None) -> None:
+    """``files``: the landed files when every event in them is new to the table (none below its watermark)."""
     if plan.truncate is not None:
         with recorded(spark, names.fmt, "truncate", seq):
             _run(spark, [plan.truncate])
+    if created and names.fmt == "delta" and files is not None and adoptable_mirror(p, files):
+        # every landed row is a mirror row as it is (one insert or update per key, nothing else)
+        adopt(spark, names.location("tables", schema, table), files, "cdcd-mirror", seq, key_stats(p))
+        return
     if created and names.fmt == "delta":  # a mirror this merge created is empty: an append (no join)
         rows = p.mirror.filter(~F.col(sql.DELETE_FLAG)).select(*[F.col(c) for c in p.mirror_columns])
         _delta_append(rows, names.location("tables", schema, table), "mirror", seq)
@@ -458,6 +507,25 @@ def _apply_mirror(spark: SparkSession, names: Names, schema: str, table: str, p:
     with recorded(spark, names.fmt, "mirror", seq):
         # a retry after a crash finds the mirror created (not empty, perhaps): MERGE
         _run(spark, [plan.mirror_insert if created else plan.mirror_merge])
+
+
+def adoptable_mirror(p: Prepared, files: list[LandedFile]) -> bool:
+    """Whether the landed files, as they are, hold exactly the rows of a new mirror: one event per key, no
+    delete, truncate, key change or unavailable column (``Facts.unique``), one schema version, and a mirror
+    created with its column names as physical names (``ddl``)."""
+    return (p.facts.unique and p.facts.deletes == 0 and len(p.facts.file_ranges) == len(files)
+            and one_version(files) and plain_names(mirror_schema(p)))
+
+
+def key_stats(p: Prepared) -> list[dict[str, Any]]:
+    """Per landed file, the first key column's bounds as Delta statistics (integer and string keys), so that
+    the MERGE of later batches skips the adopted files outside their key range."""
+    first = p.key[0]
+    if not isinstance(p.types[first], ByteType | ShortType | IntegerType | LongType | StringType):
+        return [{} for _ in p.facts.file_ranges]
+    # Delta uses a file's min/max only with its NULL count (a column of NULLs only has no min/max)
+    return [{"minValues": {first: r[0]}, "maxValues": {first: r[1]}, "nullCount": {first: r[2]}}
+            if r is not None and r[0] is not None else {} for r in p.facts.file_ranges]
 
 
 def _append_changelog(spark: SparkSession, names: Names, schema: str, table: str, events: DataFrame,

@@ -64,6 +64,11 @@ def create_table(table: str, schema: StructType, using: str, properties: dict[st
     return f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING {using}{tail}"
 
 
+def set_properties(table: str, properties: dict[str, str]) -> str:
+    props = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in sorted(properties.items()))
+    return f"ALTER TABLE {table} SET TBLPROPERTIES ({props})"
+
+
 def add_columns(table: str, columns: Sequence[tuple[Sequence[str], DataType]]) -> str:
     cols = ", ".join(f"{path_of(p)} {sql_type(t)}" for p, t in columns)
     return f"ALTER TABLE {table} ADD COLUMNS ({cols})"

@@ -7,12 +7,13 @@ Batches are landed by the real landing sink and applied by the consumer's
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import test_spark_consumer
-from test_spark_consumer import FORMATS, ev, land, mirror, row, rows_of
+from test_spark_consumer import FORMATS, V2, ev, land, mirror, row, rows_of
 
 from cdcd.events import ChangeEvent, Op
 
@@ -140,3 +141,57 @@ async def test_the_table_records_its_batches_and_a_batch_applied_twice_changes_n
     assert {k: commits(k) for k in ("tables", "changelog")} == before
     assert sorted(rows_of(target, TABLE), key=lambda r: r["id"]) == mirror_before
     assert sorted(rows_of(target, TABLE, "changelog"), key=lambda r: (r["_cdc_pos"], r["_cdc_op"])) == log_before
+
+
+def delta_adds(table: Path) -> dict[str, int]:
+    """The data files a Delta table's log adds (path: size), from its JSON commits."""
+    out: dict[str, int] = {}
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                out[action["add"]["path"]] = int(action["add"]["size"])
+    return out
+
+
+async def test_new_delta_tables_take_the_landed_files_as_they_are(spark: object, tmp_path: Path) -> None:
+    """Inserts into new tables: the landed Parquet files become the change-log's and the mirror's data files.
+
+    Both tables record the batch in the same transaction as a Spark write would (a second
+    application adds nothing), read back as the events, and later merges (an update, a
+    delete, a new column) work on the adopted files.
+    """
+    from pyspark.sql import SparkSession
+
+    from cdcd.spark.lakehouse import Names, applied_seq
+
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    await land(landing, [snapshot([1, 2, 3]), snapshot([4, 5])], [1, 2])
+    landed = {p.stem: p.stat().st_size for p in (landing / "data").glob("*.parquet")}
+    assert len(landed) == 2
+    apply(landing, target, "delta")
+    session = SparkSession.getActiveSession()
+    assert session is not None
+    names = Names("delta", target)
+    for kind, step in (("tables", "mirror"), ("changelog", "changelog")):
+        adds = delta_adds(names.location(kind, "public", "orders"))
+        assert sorted((p.rsplit("-", 1)[0], size) for p, size in adds.items()) == sorted(landed.items()), adds
+        assert applied_seq(session, names, kind, "public", "orders", step) == 2
+    assert values(target) == {i: (Decimal(f"{i}.50"), big(i)) for i in range(1, 6)}
+    assert [r["_cdc_op"] for r in rows_of(target, TABLE, "changelog")] == ["r"] * 5
+    assert set(rows_of(target, TABLE)[0]) == {"id", "amount", "at", "big", "blob", "_cdc_op", "_cdc_pos", "_cdc_tx",
+                                              "_cdc_commit_ts", "_cdc_batch"}  # not the files' other columns
+
+    (target / "state" / "consumer.json").unlink()  # the consumer forgot: batches 1 and 2 come again
+    apply(landing, target, "delta")
+    for kind in ("tables", "changelog"):
+        assert len(delta_adds(names.location(kind, "public", "orders"))) == 2
+    assert len(rows_of(target, TABLE, "changelog")) == 5
+
+    await land(landing, [[ev(Op.UPDATE, 200, 1, schema=V2, before={"id": 1},
+                             after=row(1, amount=Decimal("9.00"), big=big(1), note="n")),
+                          ev(Op.DELETE, 200, 2, schema=V2, before={"id": 2})]], [3])
+    apply(landing, target, "delta")
+    assert values(target) == {1: (Decimal("9.00"), big(1)), **{i: (Decimal(f"{i}.50"), big(i)) for i in (3, 4, 5)}}
+    assert mirror(target, TABLE)[1]["note"] == "n" and mirror(target, TABLE)[3]["note"] is None
+    assert len(rows_of(target, TABLE, "changelog")) == 7

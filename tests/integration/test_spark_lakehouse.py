@@ -218,6 +218,9 @@ async def test_generated_sql_parses_with_sparks_parser(spark: SparkSession, tmp_
             if fmt == "iceberg":  # each plan creates the namespaces first
                 assert kinds[:2] == kinds[6:8] == ["CreateNamespace"] * 2
                 kinds = kinds[2:6] + kinds[8:]
+            else:  # a Delta mirror switches column mapping on after its CREATE and before a drop (lakehouse.ddl)
+                expected.insert(3, "SetTableProperties")
+                expected.insert(9, "SetTableProperties")
             assert kinds == expected, stmts
             merge = next(s for s in stmts if s.startswith("MERGE") and "cdcd_src_1" in s)
             assert "t.`big` = CASE WHEN array_contains(s.`_cdc_unavailable`, 'big') THEN t.`big` ELSE s.`big` END" \
@@ -248,7 +251,9 @@ async def test_merge_statements_resolve_against_tables_of_the_same_schema(spark:
     mirror, log = names.mirror("public", "orders"), names.changelog("public", "orders")
     stand_ins = {mirror: "default.cdcd_mirror_standin", log: "default.cdcd_log_standin"}
     try:
-        for ddl_ in (*plan.changelog_ddl, *plan.mirror_ddl):  # the real CREATE TABLE column lists, as Parquet
+        creates = [d for d in (*plan.changelog_ddl, *plan.mirror_ddl) if d.startswith("CREATE TABLE")]
+        assert len(creates) == 2
+        for ddl_ in creates:  # the real CREATE TABLE column lists, as Parquet
             for ref, name in stand_ins.items():
                 ddl_ = ddl_.replace(f"IF NOT EXISTS {ref} ", f"{name} ")
             table = ddl_.split()[2]
