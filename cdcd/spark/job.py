@@ -16,6 +16,7 @@ through ``cdcd/spark/consumer.py``:
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -32,7 +33,7 @@ from cdcd.landing.zone import read_zone_id
 from cdcd.spark.lakehouse import LakehouseStrategy, prepare_run
 from cdcd.spark.parquet import ParquetStrategy
 from cdcd.spark.session import log, session
-from cdcd.spark.state import ConsumerState, ForeignZone, TargetStore
+from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore, lock_target
 from cdcd.spark.strategy import ApplyStrategy, Segment
 
 DEFAULT_BUCKETS = 16
@@ -146,6 +147,20 @@ def run(
     if not landing_path.is_dir():
         log(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return 2
+    try:
+        lock = lock_target(target_path)
+    except TargetLocked as exc:
+        log(str(exc))
+        return 2
+    try:
+        return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets)
+    finally:
+        os.close(lock)  # releases the target's consumer lock
+
+
+def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, checkpoint: str | None,
+                buckets: int) -> int:
+    landing, target = str(landing_path), str(target_path)
     spark = session(fmt)
     log(f"Spark master {spark.sparkContext.master}; landing {landing}, target {target}, format {fmt}")
     consumer = Consumer(spark, landing_path, target_path, fmt, buckets)

@@ -14,6 +14,7 @@ only meaningful within one zone.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -29,10 +30,39 @@ WORK_DIR = "work"
 TABLES_DIR = "tables"
 CHANGELOG_DIR = "changelog"
 ZONE_BINDING = "zone.json"
+CONSUMER_LOCK = "consumer.lock"
 
 
 class ForeignZone(CdcdError):
     """The landing zone is not the one the target was built from."""
+
+
+class TargetLocked(CdcdError):
+    """Another consumer is applying to the same target."""
+
+
+def lock_target(target: Path) -> int:
+    """Take the target's consumer lock (``TARGET/state/consumer.lock``, flock; released when the process exits)
+    and return its descriptor, or raise TargetLocked naming the holder.
+
+    One consumer per target: each relies on the target's record read before a commit (the Delta file
+    adoption does not ask Delta again inside its transaction), so a second one could apply a batch twice.
+    """
+    state = target / STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state / CONSUMER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise TargetLocked(
+            f"target {target} is in use by another cdcd spark consumer (pid {holder}): one consumer per target. "
+            "Stop that one first, or give this one its own --target") from None
+    pid = f"{os.getpid()}\n".encode()
+    os.pwrite(fd, pid, 0)
+    os.ftruncate(fd, len(pid))
+    return fd
 
 
 @dataclass(slots=True)
