@@ -8,7 +8,9 @@ Four tasks make the pipeline:
   watchdog;
 * the deliverer hands sealed batches to the sink in seq order, waiting for a
   free in-flight slot first (backpressure reaches the reader through the
-  bounded hand-off queue);
+  bounded hand-off queue); a pipelined sink (``Sink.pipelined``) gets each
+  batch in a task of its own, so the next batch lands while the previous
+  one's fsyncs run, and keeps them visible in seq order itself;
 * the acker receives acks, and for the contiguous acked prefix saves the
   checkpoint, then tells the source (``confirm``) and the sink (``committed``).
   A save that fails (disk full, I/O error) is retried by its own timer task
@@ -328,8 +330,10 @@ class Runtime:
                 # a completed re-snapshot's mark lands too: the consumer removes the rows it did not see
                 if batch.event_count or any(type(i) is Mark and i.kind is MarkKind.SNAPSHOT_COVERED
                                             for i in batch.items):
-                    await self._deliver_with_retry(batch)
-                    self.stats.batches_delivered += 1
+                    if self.sink.pipelined:  # land the next batch while this one's fsyncs run
+                        self._spawn(f"deliver-{batch.seq}", self._deliver_with_retry(batch))
+                    else:
+                        await self._deliver_with_retry(batch)
                 else:  # only marks: nothing to land, progress to checkpoint
                     self._barrier.ack(batch.seq)
                     await self._commit()
@@ -341,6 +345,7 @@ class Runtime:
         while True:
             try:
                 await self.sink.deliver(batch)
+                self.stats.batches_delivered += 1
                 return
             except SinkError as exc:
                 if exc.fatal:
@@ -465,6 +470,9 @@ class Runtime:
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
+        name = task.get_name().removeprefix("cdcd-")
+        if name.startswith("deliver-") and self._tasks.get(name) is task:
+            del self._tasks[name]  # one task per landed batch: forget it once done
         if task.cancelled():
             return
         exc = task.exception()
