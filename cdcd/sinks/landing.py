@@ -347,7 +347,6 @@ class LandingSink(Sink):
         self._order: list[int] = []  # seqs being delivered and not yet visible, in the order of the calls
         self._unsynced: set[int] = set()  # seqs visible whose manifest rename is not durable yet (not acked)
         self._turn = asyncio.Condition()
-        self._staging = asyncio.Lock()
         self._manifest_sync = _GroupSync(self._writer.sync_manifests)
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
@@ -364,7 +363,6 @@ class LandingSink(Sink):
         self._order.clear()
         self._unsynced.clear()
         self._turn = asyncio.Condition()
-        self._staging = asyncio.Lock()
         self._manifest_sync = _GroupSync(self._writer.sync_manifests)
         self._closed = False
         try:
@@ -390,8 +388,7 @@ class LandingSink(Sink):
         try:
             if not revealed:
                 try:
-                    async with self._staging:  # one batch encoded at a time: they share the GIL with the source
-                        await asyncio.to_thread(self._writer.stage, batch)
+                    await asyncio.to_thread(self._writer.stage, batch)
                     async with self._turn:  # every earlier batch is visible first
                         await self._turn.wait_for(lambda: self._order[0] == batch.seq)
                     await asyncio.to_thread(self._writer.reveal, batch.seq)
