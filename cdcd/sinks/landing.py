@@ -311,16 +311,18 @@ class _GroupSync:
     async def sync(self) -> None:
         want = self.changes
         while self._synced < want:
-            running = self._running
-            if running is None or running.done():  # none yet, or one that failed (its waiters got the error)
-                running = self._running = asyncio.ensure_future(self._sync_upto(self.changes))
-            await asyncio.shield(running)  # a failed fsync fails every batch that waited for it
+            if self._running is None:
+                target = self.changes
+                task: asyncio.Future[None] = asyncio.ensure_future(asyncio.to_thread(self._run))
 
-    async def _sync_upto(self, target: int) -> None:
-        await asyncio.to_thread(self._run)
-        # Recorded inside the task, before it completes: a waiter that wakes sees the new mark at once
-        # (a done callback could run after it and leave it looping on a finished task).
-        self._synced = max(self._synced, target)
+                def finished(t: asyncio.Future[None], target: int = target) -> None:
+                    self._running = None
+                    if not t.cancelled() and t.exception() is None:
+                        self._synced = max(self._synced, target)
+
+                task.add_done_callback(finished)
+                self._running = task
+            await asyncio.shield(self._running)  # a failed fsync fails every batch that waited for it
 
 
 class LandingSink(Sink):

@@ -125,32 +125,3 @@ async def test_batches_landed_at_once_become_visible_and_acked_in_seq_order(
     assert sink.landed_seq == 3
     assert [b.seq for b in read_batches(tmp_path)] == [2, 3]
     await sink.close()
-
-
-async def test_concurrent_manifest_syncs_share_fsyncs_and_each_covers_its_rename(tmp_path: Path) -> None:
-    """Every caller returns only after an fsync that started after its change; callers arriving together
-    share one."""
-    from cdcd.fsutil import fsync_dir
-    from cdcd.sinks.landing import _GroupSync
-
-    started: list[int] = []
-    group: _GroupSync
-
-    def run() -> None:
-        started.append(group.changes)  # the changes this fsync covers (at least)
-        fsync_dir(tmp_path)
-
-    group = _GroupSync(run)
-
-    async def change_then_sync(n: int) -> int:
-        for _ in range(n % 3):
-            await asyncio.sleep(0)
-        group.changes += 1
-        mine = group.changes
-        await group.sync()
-        return mine
-
-    for _ in range(20):
-        mine = await asyncio.wait_for(asyncio.gather(*(change_then_sync(n) for n in range(8))), 30)
-        assert all(any(covered >= m for covered in started) for m in mine)
-    assert len(started) < 20 * 8  # shared: fewer fsyncs than callers
