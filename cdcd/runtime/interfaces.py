@@ -140,11 +140,6 @@ class Source(abc.ABC):
 class Sink(abc.ABC):
     """Lands batches durably and acks them."""
 
-    #: True when ``deliver`` may be called for the next batch before the previous call returned: the sink
-    #: itself keeps batches visible in the order of the calls. The runtime then lands up to
-    #: ``runtime.max_inflight_batches`` at once; otherwise one at a time.
-    pipelined: bool = False
-
     @abc.abstractmethod
     async def open(self) -> int:
         """Prepare (clean temp files from a crash); return the highest landed batch seq, or 0."""

@@ -8,9 +8,7 @@ Four tasks make the pipeline:
   watchdog;
 * the deliverer hands sealed batches to the sink in seq order, waiting for a
   free in-flight slot first (backpressure reaches the reader through the
-  bounded hand-off queue); a pipelined sink (``Sink.pipelined``) gets each
-  batch in a task of its own, so the next batch lands while the previous
-  one's fsyncs run, and keeps them visible in seq order itself;
+  bounded hand-off queue);
 * the acker receives acks, and for the contiguous acked prefix saves the
   checkpoint, then tells the source (``confirm``) and the sink (``committed``).
   A save that fails (disk full, I/O error) is retried by its own timer task
@@ -330,10 +328,8 @@ class Runtime:
                 # a completed re-snapshot's mark lands too: the consumer removes the rows it did not see
                 if batch.event_count or any(type(i) is Mark and i.kind is MarkKind.SNAPSHOT_COVERED
                                             for i in batch.items):
-                    if self.sink.pipelined:  # land the next batch while this one's fsyncs run
-                        self._spawn(f"deliver-{batch.seq}", self._deliver_with_retry(batch))
-                    else:
-                        await self._deliver_with_retry(batch)
+                    await self._deliver_with_retry(batch)
+                    self.stats.batches_delivered += 1
                 else:  # only marks: nothing to land, progress to checkpoint
                     self._barrier.ack(batch.seq)
                     await self._commit()
@@ -345,7 +341,6 @@ class Runtime:
         while True:
             try:
                 await self.sink.deliver(batch)
-                self.stats.batches_delivered += 1
                 return
             except SinkError as exc:
                 if exc.fatal:
@@ -470,9 +465,6 @@ class Runtime:
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        name = task.get_name().removeprefix("cdcd-")
-        if name.startswith("deliver-") and self._tasks.get(name) is task:
-            del self._tasks[name]  # one task per landed batch: forget it once done
         if task.cancelled():
             return
         exc = task.exception()

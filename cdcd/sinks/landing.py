@@ -20,7 +20,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -219,34 +219,25 @@ class LandingWriter:
         for temp, path in temps:
             os.replace(temp, path)
         fsync_dir(data)  # the data files' names are durable before the manifest can name them
-        # Arrow's allocator keeps freed memory per thread for reuse; hand it back so that RSS follows
-        # the data in flight rather than the high-water mark of every thread that ever parsed a chunk.
-        pa.default_memory_pool().release_unused()
         return manifest
 
-    def reveal(self, seq: int) -> None:
-        """Rename batch ``seq``'s staged manifest into place: the batch becomes visible (not yet durably)."""
-        manifests, _, _ = self.dirs
-        final = manifests / layout.manifest_name(seq)
-        os.replace(temp_name(final), final)
-
-    def sync_manifests(self) -> None:
-        """Make every manifest rename so far durable (one fsync covers all of them)."""
-        fsync_dir(self.dirs[0])
-
     def publish(self, manifest: dict[str, Any]) -> None:
-        """Reveal the staged manifest and make its rename durable."""
-        self.reveal(manifest["batch_seq"])
-        self.sync_manifests()
+        """Rename the staged manifest into place (the batch becomes visible) and make the rename durable."""
+        manifests, _, _ = self.dirs
+        final = manifests / layout.manifest_name(manifest["batch_seq"])
+        os.replace(temp_name(final), final)
+        fsync_dir(manifests)
 
     def land(self, batch: Batch) -> dict[str, Any]:
-        """Stage and publish one batch (the sink pipelines the two steps over several batches instead)."""
         try:
             manifest = self.stage(batch)
             self.publish(manifest)
         except OSError:
             self.discard(batch.seq)
             raise
+        # Arrow's allocator keeps freed memory per thread for reuse; hand it back so that RSS follows
+        # the data in flight rather than the high-water mark of every thread that ever parsed a chunk.
+        pa.default_memory_pool().release_unused()
         return manifest
 
     def discard(self, seq: int) -> None:
@@ -294,47 +285,8 @@ class LandingWriter:
         return removed
 
 
-class _GroupSync:
-    """One directory fsync shared by every caller whose change came before it started.
-
-    Callers count their change (``changes += 1``, after the rename) and await ``sync``: when an fsync
-    is running, it may have started before their rename, so they wait for it and then start the next
-    one, which covers every rename made meanwhile. Several batches in flight thus share fsyncs.
-    """
-
-    def __init__(self, run: Callable[[], None]) -> None:
-        self._run = run
-        self.changes = 0
-        self._synced = 0
-        self._running: asyncio.Future[None] | None = None
-
-    async def sync(self) -> None:
-        want = self.changes
-        while self._synced < want:
-            if self._running is None:
-                target = self.changes
-                task: asyncio.Future[None] = asyncio.ensure_future(asyncio.to_thread(self._run))
-
-                def finished(t: asyncio.Future[None], target: int = target) -> None:
-                    self._running = None
-                    if not t.cancelled() and t.exception() is None:
-                        self._synced = max(self._synced, target)
-
-                task.add_done_callback(finished)
-                self._running = task
-            await asyncio.shield(self._running)  # a failed fsync fails every batch that waited for it
-
-
 class LandingSink(Sink):
-    """Lands batches in a directory for the Spark consumer (DESIGN.md section 5).
-
-    Pipelined: batch n+1 is encoded, written and fsynced while batch n's manifest is made durable.
-    Manifests are renamed into place strictly in the order of the ``deliver`` calls (the runtime calls
-    them in seq order), so batches become visible in seq order; a batch is acked once its manifest's
-    rename is durable.
-    """
-
-    pipelined = True
+    """Lands batches in a directory for the Spark consumer (DESIGN.md section 5)."""
 
     def __init__(
         self, path: Path | str, ack: AckMode = "landed", retention_s: float = 86400.0, source_kind: str = ""
@@ -346,10 +298,6 @@ class LandingSink(Sink):
         self._writer = LandingWriter(self.path, self.run_id, source_kind)
         self._acks: asyncio.Queue[int | None] = asyncio.Queue()
         self._pending: set[int] = set()
-        self._order: list[int] = []  # seqs being delivered and not yet visible, in the order of the calls
-        self._unsynced: set[int] = set()  # seqs visible whose manifest rename is not durable yet (not acked)
-        self._turn = asyncio.Condition()
-        self._manifest_sync = _GroupSync(self._writer.sync_manifests)
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
         self.landed_seq = 0
@@ -362,10 +310,6 @@ class LandingSink(Sink):
         # A sink may be opened again after close() (the runtime restarts from stopped): start afresh.
         self._acks = asyncio.Queue()
         self._pending.clear()
-        self._order.clear()
-        self._unsynced.clear()
-        self._turn = asyncio.Condition()
-        self._manifest_sync = _GroupSync(self._writer.sync_manifests)
         self._closed = False
         try:
             self.landed_seq = await asyncio.to_thread(self._writer.prepare)
@@ -379,32 +323,13 @@ class LandingSink(Sink):
         return self.landed_seq
 
     async def deliver(self, batch: Batch) -> None:
-        revealed = batch.seq in self._unsynced  # a retry after its manifest's fsync failed: only sync again
-        if batch.seq <= self.landed_seq and not revealed:
+        if batch.seq <= self.landed_seq:
             raise SinkFatal(
                 f"landing zone {self.path}: batch {batch.seq} is not above the last landed batch "
                 f"{self.landed_seq}; batch seqs must never be reused"
             )
-        if not revealed and batch.seq not in self._order:  # a retry keeps its place
-            self._order.append(batch.seq)
         try:
-            if not revealed:
-                try:
-                    await asyncio.to_thread(self._writer.stage, batch)
-                    async with self._turn:  # every earlier batch is visible first
-                        await self._turn.wait_for(lambda: self._order[0] == batch.seq)
-                    await asyncio.to_thread(self._writer.reveal, batch.seq)
-                except OSError:
-                    await asyncio.to_thread(self._writer.discard, batch.seq)
-                    raise
-                self._unsynced.add(batch.seq)
-                self._manifest_sync.changes += 1
-                self.landed_seq = batch.seq  # reveals run in seq order
-                async with self._turn:
-                    self._order.remove(batch.seq)
-                    self._turn.notify_all()
-            await self._manifest_sync.sync()
-            self._unsynced.discard(batch.seq)
+            await asyncio.to_thread(self._writer.land, batch)
         except OSError as exc:
             self.write_failures += 1
             self.failing_since = self.failing_since or time.time()
@@ -416,6 +341,7 @@ class LandingSink(Sink):
             )
             raise SinkError(self.last_write_error) from exc
         self.failing_since = None
+        self.landed_seq = batch.seq
         if self.ack == "landed":
             self._acks.put_nowait(batch.seq)
         else:

@@ -8,19 +8,14 @@ every file is fsynced before its rename, the data files' renames are made durabl
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 from test_landing import mixed_batch
 
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.fsutil import is_temp
-from cdcd.landing.reader import read_batches
-from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
 
 Step = tuple[str, str, str]  # (call, path, target of a rename or "")
@@ -94,34 +89,3 @@ def test_a_checkpoint_is_durable_before_save_returns(tmp_path: Path, calls: list
     assert _index(calls, "fsync", src) < _index(calls, "rename", src, current) < _index(
         calls, "fsync", tmp_path / "state")
     assert calls[-1] == ("fsync", str(tmp_path / "state"), "")  # the save returns once the rename is durable
-
-
-async def test_batches_landed_at_once_become_visible_and_acked_in_seq_order(
-    tmp_path: Path, calls: list[Step]
-) -> None:
-    """Batch 3 is staged (written and fsynced) before batch 2; its manifest still waits for 2's."""
-    sink = LandingSink(tmp_path)
-    await sink.open()
-    stage = sink._writer.stage
-    three_staged = threading.Event()
-
-    def staged_in_reverse(batch: Batch) -> dict[str, Any]:
-        if batch.seq == 2:
-            assert three_staged.wait(10), "batch 3 was not staged while batch 2 waited"
-        manifest = stage(batch)
-        if batch.seq == 3:
-            three_staged.set()
-        return manifest
-
-    sink._writer.stage = staged_in_reverse  # type: ignore[method-assign]
-    calls.clear()
-    await asyncio.wait_for(asyncio.gather(sink.deliver(mixed_batch(2)), sink.deliver(mixed_batch(3))), 30)
-    manifests = tmp_path / "manifests"
-    revealed = [Path(dst).name for _, _, dst in (c for c in calls if c[0] == "rename") if Path(dst).parent == manifests]
-    assert revealed == ["00000000000000000002.json", "00000000000000000003.json"]
-    last_reveal = max(i for i, c in enumerate(calls) if c[0] == "rename" and Path(c[2]).parent == manifests)
-    assert ("fsync", str(manifests), "") in calls[last_reveal:]  # both renames durable before both acks
-    assert sorted([sink._acks.get_nowait(), sink._acks.get_nowait()]) == [2, 3]
-    assert sink.landed_seq == 3
-    assert [b.seq for b in read_batches(tmp_path)] == [2, 3]
-    await sink.close()
