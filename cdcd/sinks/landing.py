@@ -1,10 +1,12 @@
 """The landing zone sink: every batch as Parquet files plus a manifest, atomically.
 
-Write order (each step durable before the next): data files under temporary
-names, fsync, rename; fsync ``data/``; manifest under a temporary name,
-fsync, rename; fsync ``manifests/``. A reader lists ``manifests/`` only, so a
-crash at any point leaves the whole batch or nothing visible; ``open()``
-removes the temp files and orphaned data files such a crash leaves.
+Write order: the data files and the manifest under temporary names, all
+fsynced together (in parallel); rename the data files; fsync ``data/``;
+rename the manifest (the batch is visible); fsync ``manifests/`` (then it is
+acked). A reader lists ``manifests/`` only and skips temp names, and the
+manifest is renamed only once the data files' names are durable, so a crash
+at any point leaves the whole batch or nothing visible; ``open()`` removes
+the temp files and orphaned data files such a crash leaves.
 
 Acks: ``landed`` acks right after the manifest is durable; ``consumed`` acks
 when the consumer's marker ``consumed/<seq>`` appears. Retention removes
@@ -29,7 +31,7 @@ import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
 from cdcd.events import ChangeBlock, ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema
-from cdcd.fsutil import fsync_dir, storage_fix, write_durably
+from cdcd.fsutil import fsync_dir, fsync_files, storage_fix, temp_name, write_temp
 from cdcd.landing import layout
 from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
 from cdcd.landing.manifest import batch_manifest, canonical, covered_entry, file_entry
@@ -188,27 +190,43 @@ class LandingWriter:
         return max([*landed, *markers], default=0)
 
     def stage(self, batch: Batch) -> dict[str, Any]:
-        """Write the data files durably; return the manifest that will publish them."""
-        _, data, _ = self.dirs
+        """Make the batch's data files durable and in place, its manifest durable under its temp name.
+
+        Returns the manifest that ``publish`` renames into place. The data files and the manifest are
+        written first and fsynced together (in parallel), then the data files are renamed and ``data/``
+        is fsynced: the manifest's own fsync is off the path to visibility, and nothing is visible yet
+        (readers list ``manifests/`` and skip temp names).
+        """
+        manifests, data, _ = self.dirs
         files: list[dict[str, Any]] = []
         positions: set[str] = set()
+        temps: list[tuple[Path, Path]] = []  # (temp, final) of each data file
         rows = 0
         for n, group in enumerate(_group(batch)):
             table = group.to_table(batch.seq)
             blob = _parquet_bytes(table)
             name = layout.data_name(batch.seq, n)
-            write_durably(data / name, blob, sync_dir=False)
+            temps.append((write_temp(data / name, blob), data / name))
             found = _positions(table)
             positions |= found
             rows += group.rows
             files.append(file_entry(name, describe_schema(group.schema), table.num_rows, blob, found))
-        fsync_dir(data)
-        return batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
-                              covered(batch))
+        manifest = batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
+                                  covered(batch))
+        final = manifests / layout.manifest_name(batch.seq)
+        manifest_temp = write_temp(final, canonical(manifest))
+        fsync_files([*(t for t, _ in temps), manifest_temp])
+        for temp, path in temps:
+            os.replace(temp, path)
+        fsync_dir(data)  # the data files' names are durable before the manifest can name them
+        return manifest
 
     def publish(self, manifest: dict[str, Any]) -> None:
+        """Rename the staged manifest into place (the batch becomes visible) and make the rename durable."""
         manifests, _, _ = self.dirs
-        write_durably(manifests / layout.manifest_name(manifest["batch_seq"]), canonical(manifest))
+        final = manifests / layout.manifest_name(manifest["batch_seq"])
+        os.replace(temp_name(final), final)
+        fsync_dir(manifests)
 
     def land(self, batch: Batch) -> dict[str, Any]:
         try:
