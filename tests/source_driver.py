@@ -12,6 +12,17 @@ from cdcd.positions import Position
 from cdcd.runtime.interfaces import ResumePoint, Source
 
 
+def events_of(items: list[Item]) -> list[ChangeEvent]:
+    """The change events among ``items`` in order, each ChangeBlock's rows as events (marks left out)."""
+    events: list[ChangeEvent] = []
+    for item in items:
+        if isinstance(item, ChangeBlock):
+            events.extend(item.events())
+        elif isinstance(item, ChangeEvent):
+            events.append(item)
+    return events
+
+
 def opening_truncate(item: Item) -> bool:
     """A new snapshot's truncate of its table (events.snapshot_truncates), not a row."""
     return isinstance(item, ChangeEvent) and item.snapshot and item.op is Op.TRUNCATE

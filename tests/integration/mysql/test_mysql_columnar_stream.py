@@ -20,6 +20,7 @@ import pyarrow as pa
 import pymysql
 import pytest
 from pymysqlreplication import BinLogStreamReader
+from source_driver import events_of
 from test_mysql_rowimage import COLUMNS, EDGE_ROWS, _connect, _position
 
 from cdcd.devservers import MariaDBServer
@@ -219,12 +220,7 @@ def test_columnar_stream_equals_the_row_path_event_by_event(maria_server: MariaD
     assert not [i for i in col_items if isinstance(i, ChangeEvent) and i.op.value != "t"]  # rowimage reads all
     assert not [i for i in row_items if isinstance(i, ChangeBlock)]
 
-    col_events: list[ChangeEvent] = []
-    for i in col_items:
-        if isinstance(i, ChangeBlock):
-            col_events.extend(i.events())
-        elif isinstance(i, ChangeEvent):
-            col_events.append(i)
+    col_events = events_of(col_items)
     row_events = [i for i in row_items if isinstance(i, ChangeEvent)]
     assert len(col_events) == len(row_events) > 3 * BLOCK_ROWS
     for a, b in zip(col_events, row_events, strict=True):

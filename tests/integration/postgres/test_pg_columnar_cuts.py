@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pg_helpers import Driver
+from source_driver import events_of
 from test_pg_columnar_stream import DDL, Workload, _config, _describe, _read, _same
 
 from cdcd.config import Config
@@ -65,12 +66,7 @@ async def test_blocks_cut_inside_runs_equal_the_row_path(
         assert all(b.data.nbytes < 3000 + 60_000 for b in blocks) and any(b.rows > 1 for b in blocks)
     else:
         assert max(b.rows for b in blocks) > 20  # whole runs
-    col_events: list[ChangeEvent] = []
-    for i in col_items:
-        if isinstance(i, ChangeBlock):
-            col_events.extend(i.events())
-        elif isinstance(i, ChangeEvent):
-            col_events.append(i)
+    col_events = events_of(col_items)
     row_events = [i for i in row_items if isinstance(i, ChangeEvent)]
     assert len(col_events) == len(row_events) > 500
     for a, b in zip(col_events, row_events, strict=True):

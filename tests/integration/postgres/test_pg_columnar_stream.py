@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pg_helpers import Driver
+from source_driver import events_of
 
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
@@ -235,12 +236,7 @@ async def test_columnar_stream_equals_the_row_path_event_by_event(
     assert any(b.rows > 1 for b in blocks) and any(b.key_changed is not None for b in blocks)
     assert any(b.unavailable is not None for b in blocks)
     assert not [i for i in row_items if isinstance(i, ChangeBlock)]
-    col_events: list[ChangeEvent] = []
-    for i in col_items:
-        if isinstance(i, ChangeBlock):
-            col_events.extend(i.events())
-        elif isinstance(i, ChangeEvent):
-            col_events.append(i)
+    col_events = events_of(col_items)
     row_events = [i for i in row_items if isinstance(i, ChangeEvent)]
     assert len(col_events) == len(row_events) > 500
     for a, b in zip(col_events, row_events, strict=True):
