@@ -31,6 +31,18 @@ def rows(batch: LandedBatch) -> list[dict[str, Any]]:
     return out
 
 
+def streamed_values(landing: Path, column: str = "id") -> set[Any]:
+    """Values of ``column`` in rows that landed as streamed changes, not as snapshot reads.
+
+    Wait for a row inserted last to be here, not merely landed: a daemon restarted after a kill may resume an
+    unfinished snapshot whose remaining key range holds that row, and land it as a snapshot read long before
+    the stream has delivered the changes committed before it.
+    """
+    return {r.get(column) for b in read_batches(landing) for t in b.tables.values()
+            for r in t.select([c for c in (column, "_cdc_snapshot") if c in t.column_names]).to_pylist()
+            if column in t.column_names and not r["_cdc_snapshot"]}
+
+
 class DaemonHarness(abc.ABC):
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import streamed_values
 
 from cdcd.devservers import MariaDBServer
 from cdcd.landing.reader import read_batches
@@ -108,7 +109,7 @@ format = "json"
         workload(maria_server, db, 2000)
         maria_server.sql("INSERT INTO orders (id) VALUES (9002)", db)
         daemon, log = start(2)
-        wait_for("row 9002 landed", lambda: 9002 in landed_ids(landing), daemon, log)
+        wait_for("row 9002 streamed", lambda: 9002 in streamed_values(landing), daemon, log)
     finally:
         daemon.kill()
         daemon.wait()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import streamed_values
 
 from cdcd.config import load_config
 from cdcd.devservers import PostgresServer, free_port
@@ -69,9 +70,11 @@ def landed_ids(landing: Path) -> set[Any]:
     return {r.get("id") for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()}
 
 
-def wait_landed(landing: Path, sentinel: int, proc: subprocess.Popen[bytes]) -> None:
+def wait_landed(landing: Path, sentinel: int, proc: subprocess.Popen[bytes], streamed: bool = False) -> None:
+    """Until row ``sentinel`` landed; ``streamed``: as a streamed change (``streamed_values``), for a row inserted
+    last while the daemon was down, which a resumed snapshot may read before the stream delivers what came first."""
     deadline = time.monotonic() + 120
-    while sentinel not in landed_ids(landing):
+    while sentinel not in (streamed_values(landing) if streamed else landed_ids(landing)):
         assert proc.poll() is None, f"daemon exited with {proc.returncode}"
         assert time.monotonic() < deadline, f"row {sentinel} never landed"
         time.sleep(0.2)
@@ -127,7 +130,7 @@ def test_mixed_workload_with_daemon_crash_converges(
         mixed_workload(pg_server, pg_db, 2000)
         pg_server.psql("ALTER TABLE orders DROP COLUMN extra; INSERT INTO orders (id) VALUES (9002)", pg_db)
         daemon = start(cfg)
-        wait_landed(landing, 9002, daemon)
+        wait_landed(landing, 9002, daemon, streamed=True)
     finally:
         daemon.kill()
         daemon.wait()
