@@ -312,7 +312,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "auto", stream="stderr")
     run = importlib.import_module("cdcd.spark.job").run  # loaded on use: it imports pyspark
 
-    return int(run(args.landing, args.target, args.once, args.format, args.checkpoint))
+    return int(run(args.landing, args.target, args.once, args.format, args.checkpoint, dedicated=True))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

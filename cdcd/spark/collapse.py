@@ -14,6 +14,7 @@ listed in ``_cdc_unavailable`` so that the MERGE keeps the mirror's value.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -170,9 +171,15 @@ def prepare(spark: SparkSession, files: list[LandedFile], watermark: str, mirror
     files (immutable until consumed), which costs less than building an in-memory copy.
     """
     cols, key = table_layout(files)
-    events = new_events(spark, files, watermark)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-facts") as pool:
+        # pyarrow reads the facts while Spark reads the files' schema (the first reading in a fresh JVM is slow)
+        landed = pool.submit(landed_facts, files, key, watermark)
+        events = new_events(spark, files, watermark)
+        found = landed.result()
     types = {f.name: f.dataType for f in events.schema.fields}
-    found = landed_facts(files, key, watermark, types) or spark_facts(events, key)
+    if found is not None and found.key_range is not None and not isinstance(types[key[0]], RANGED):
+        found.key_range = None  # a type Spark reads otherwise than Arrow suggests: no pruning literal for it
+    found = found or spark_facts(events, key)
     collapsed, keep = collapse(events, cols, key, types, found, mirror)
     return Prepared(cols, key, types, events, found, keep, collapsed)
 

@@ -95,15 +95,26 @@ def _extreme(values: list[Any], pick: Any) -> Any:
     return pick(present) if present else None
 
 
-def landed_facts(files: list[LandedFile], key: list[str], watermark: str, types: dict[str, DataType]) -> Facts | None:
+def arrow_ranged(kind: pa.DataType) -> bool:
+    """Whether Spark reads a landed column of Arrow type ``kind`` as one of the ``RANGED`` types (integers,
+    unsigned ones too, strings, dates, decimals)."""
+    return bool(pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_date32(kind) or pa.types.is_decimal(kind))
+
+
+def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
+                 types: dict[str, DataType] | None = None) -> Facts | None:
     """The facts of one table's landed files (rows at or above ``watermark``), the same as the Spark aggregate
     ``collapse.spark_facts`` gives; None when the files store a key column with different types (or one
-    pyarrow and Spark compare differently): then the caller asks Spark."""
+    pyarrow and Spark compare differently): then the caller asks Spark.
+
+    ``types``: Spark's types of the columns; without them (the facts are read while Spark reads the files)
+    whether the first key column is ranged is told by its Arrow type (``arrow_ranged``)."""
     tables = [_read(f, key, watermark) for f in files]
     if not tables or not _comparable(tables, key):
         return None
     first = key[0]
-    ranged = isinstance(types[first], RANGED)
+    ranged = isinstance(types[first], RANGED) if types is not None else arrow_ranged(tables[0].schema.field(first).type)
     found = Facts()
     deletes = 0
     lows: list[Any] = []

@@ -59,8 +59,9 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 ICEBERG_EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
 
-def local_settings() -> dict[str, str]:
-    """Settings of a session cdcd starts itself: the cached jars and both formats' extensions.
+def local_settings(only: str | None = None) -> dict[str, str]:
+    """Settings of a session cdcd starts itself: the cached jars and both formats' extensions, or only the
+    extension of format ``only`` (``delta``, ``iceberg``): each extension costs the session's start-up time.
 
     Empty when the cache is incomplete (``--format parquet`` needs none of it);
     ``--format delta|iceberg`` then says how to get the jars.
@@ -68,13 +69,14 @@ def local_settings() -> dict[str, str]:
     jars = cached_jars()
     if jars is None:
         return {}
+    extensions = {"delta": DELTA_EXTENSION, "iceberg": ICEBERG_EXTENSION}
     return {
         "spark.jars": ",".join(str(p) for p in jars),
         # on the JVM's class path too (a local session's driver is its executor): loaded by the application
         # class loader, the classes can be kept in the class-data sharing archive (cdcd.spark.cds)
         "spark.driver.extraClassPath": os.pathsep.join(str(p) for p in jars),
-        "spark.sql.extensions": f"{DELTA_EXTENSION},{ICEBERG_EXTENSION}",
-        "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+        "spark.sql.extensions": extensions.get(only or "", f"{DELTA_EXTENSION},{ICEBERG_EXTENSION}"),
+        **({} if only == "iceberg" else {"spark.sql.catalog.spark_catalog": DELTA_CATALOG}),
         # Delta rebuilds a table's state in this many tasks (default 50): far too many for a local session
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.ui.showConsoleProgress": "false",

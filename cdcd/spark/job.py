@@ -133,13 +133,17 @@ def run(
     fmt: str = "delta",
     checkpoint: str | None = None,
     buckets: int = DEFAULT_BUCKETS,
+    dedicated: bool = False,
 ) -> int:
-    """Run the consumer; the exit code: 0 done or stopped by SIGTERM, 1 failed, 2 unusable arguments."""
+    """Run the consumer; the exit code: 0 done or stopped by SIGTERM, 1 failed, 2 unusable arguments.
+
+    ``dedicated``: the process runs this consumer alone (``cdcd spark run``), so a local session it starts
+    loads the extension of ``fmt`` only (``session.session``)."""
     if fmt not in FORMATS:
         log(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
         return 2
     if fmt != "parquet":
-        problem = prepare_run(fmt, Path(target))  # classpath, session extensions, target's format
+        problem = prepare_run(fmt, Path(target), dedicated)  # classpath, session extensions, target's format
         if problem:
             log(problem)
             return 2
@@ -236,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default=None, help="Spark checkpoint (default TARGET/checkpoint)")
     parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="hash buckets of a new mirror table")
     args = parser.parse_args(argv)
-    return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets)
+    return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True)
 
 
 if __name__ == "__main__":

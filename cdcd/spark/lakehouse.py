@@ -128,9 +128,10 @@ def check_target(spark: SparkSession, fmt: str, target: Path) -> str | None:
     return None
 
 
-def prepare_run(fmt: str, target: Path) -> str | None:
-    """Start the session for ``fmt``; None when the run can go on, else the problem (exit 2)."""
-    spark = session(fmt)
+def prepare_run(fmt: str, target: Path, only: bool = False) -> str | None:
+    """Start the session for ``fmt`` (``only``: for it alone, ``session``); None when the run can go on, else the
+    problem (exit 2)."""
+    spark = session(fmt, only)
     return check_format(spark, fmt) or check_target(spark, fmt, target)
 
 

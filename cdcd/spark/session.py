@@ -72,11 +72,13 @@ def _submitted_session(fmt: str) -> None:
     builder.getOrCreate()
 
 
-def session(fmt: str = "parquet") -> SparkSession:
+def session(fmt: str = "parquet", only: bool = False) -> SparkSession:
     """The active session; under spark-submit the one it configured, else a local one.
 
     ``fmt`` (``delta``, ``iceberg``) adds that format's settings to a session that
-    spark-submit starts; a local session has both formats' settings anyway.
+    spark-submit starts; a local session has both formats' settings, or with ``only``
+    (a process that serves ``fmt`` alone: ``cdcd spark run``) that format's alone,
+    which starts faster.
     """
     if SparkSession.getActiveSession() is None and under_spark_submit() and fmt in FORMAT_SETTINGS:
         _submitted_session(fmt)
@@ -85,7 +87,7 @@ def session(fmt: str = "parquet") -> SparkSession:
         builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
                    .config("spark.sql.shuffle.partitions", "4"))
         # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
-        for k, v in {**local_settings(), **large_row_settings()}.items():
+        for k, v in {**local_settings(fmt if only else None), **large_row_settings()}.items():
             builder = builder.config(k, v)
     spark = builder.getOrCreate()
     # the mirror must read back with pyarrow: no INT96, instants in UTC

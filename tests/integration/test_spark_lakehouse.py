@@ -354,5 +354,26 @@ async def test_facts_from_the_landed_files_are_the_spark_aggregates(spark: Spark
         mine = landed_facts(files, key, watermark, {f.name: f.dataType for f in events.schema.fields})
         assert mine is not None, (chosen, table)
         assert mine == spark_facts(events, key), (chosen, table, watermark)
+        # read beside Spark, before its types are known: the same facts
+        assert landed_facts(files, key, watermark) == mine, (chosen, table, watermark)
         seen_unique.add(mine.unique)
     assert seen_unique == {True, False}  # both outcomes of the uniqueness count are compared
+
+
+def test_arrow_ranged_is_what_spark_reads_as_a_ranged_type(spark: SparkSession, tmp_path: Path) -> None:
+    """``facts.arrow_ranged`` tells from a landed column's Arrow type whether Spark reads it as a ``RANGED``
+    type (the MERGE's key-range literal is written for those only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cdcd.spark.facts import RANGED, arrow_ranged
+
+    kinds = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
+             pa.string(), pa.large_string(), pa.date32(), pa.decimal128(10, 2), pa.decimal128(38, 0),
+             pa.timestamp("us", tz="UTC"), pa.timestamp("us"), pa.binary(), pa.bool_(), pa.float64(),
+             pa.list_(pa.int32())]
+    table = pa.table({f"c{i}": pa.nulls(1, type=k) for i, k in enumerate(kinds)})
+    pq.write_table(table, tmp_path / "kinds.parquet")
+    read = spark.read.parquet(str(tmp_path / "kinds.parquet")).schema
+    assert {f"c{i}": arrow_ranged(k) for i, k in enumerate(kinds)} == {
+        f.name: isinstance(f.dataType, RANGED) for f in read.fields}
