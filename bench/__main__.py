@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_spark:
             plan.append(("spark", lambda: scenarios.spark_consumer(work / "pg_stream", work / "spark", results)))
             plan.append(("spark_small", lambda: scenarios.spark_small(pg, work / "spark_small", sizes)))
+            plan.append(("spark_follow", lambda: scenarios.spark_follow(pg, work / "spark_follow", sizes)))
         for name, run in plan:
             if args.only and name not in args.only:
                 continue

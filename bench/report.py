@@ -44,6 +44,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
                          f"files; rewritten: {_fmt(r['files_rewritten'])} files, {_fmt(r['rows_copied'])} rows "
                          f"copied, {_fmt(r['deletion_vectors_added'])} deletion vectors; mirror built in "
                          f"{_fmt(r['build_seconds'])} s ({_fmt(r['build_rate'])} events/s in merges)"]
+            if "lag_seconds" in r:
+                notes.append(f"the last batch applied {_fmt(r['lag_seconds'])} s after the daemon's last checkpoint; "
+                             f"{_fmt(r['merges'])} merges")
             if "mariadb_binlog_rate" in r:
                 notes.append(f"mariadb-binlog --verbose: {_fmt(r['mariadb_binlog_rate'])} rows/s "
                              f"(ratio {_fmt(r['ratio_to_mariadb_binlog'])})")

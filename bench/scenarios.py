@@ -415,6 +415,59 @@ def _delta_files(table: Path) -> tuple[int, dict[str, Any]]:
     return len(live), last
 
 
+def spark_follow(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    """The consumer as it runs in production: a streaming ``cdcd spark run`` (Spark already started) follows the
+    landing zone while the daemon catches up on the narrow streaming workload at full speed. Reported: the rate at
+    which the consumer applied the events, counted from the daemon's start until the last batch was applied,
+    next to the daemon's own landing rate, and the lag between the daemon's last checkpoint and that moment."""
+    from cdcd.landing.reader import consumed_seqs, landed_seqs
+
+    work.mkdir(parents=True)
+    count = sizes["stream"]
+    db = pg.create_database("bench_follow")
+    pg.psql(workloads.PG_NARROW, db)
+    pg.psql("CREATE PUBLICATION cdcd FOR TABLE narrow", db)
+    pg.psql("SELECT pg_create_logical_replication_slot('follow', 'pgoutput')", db)
+    config = write_config(work / "cdcd.toml", _pg_source(pg, db, ["public.narrow"], slot="follow"), work,
+                          snapshot={"mode": "never"})
+    landing, target = work / "landing", work / "spark"
+    landing.mkdir()
+    log = open(work / "spark.log", "wb")  # noqa: SIM115 - owned by the consumer process
+    consumer = subprocess.Popen([str(VENV_BIN / "cdcd"), "spark", "run", "--format", SPARK_FORMAT,
+                                 "--landing", str(landing), "--target", str(target)], stdout=log, stderr=log)
+    daemon = Daemon(config, work)
+    try:
+        deadline = time.monotonic() + 300
+        while not (target / "checkpoint" / "metadata").exists():  # the streaming query has started
+            if consumer.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the consumer did not start: {(work / 'spark.log').read_text()[-3000:]}")
+            time.sleep(0.1)
+        workloads.pg_insert_narrow(pg, db, 1, count, 1000)
+        daemon.start()
+        landed = daemon.wait_committed(count, timeout=1800)
+        seqs = set(landed_seqs(landing))
+        while not seqs <= set(consumed_seqs(landing)):
+            if consumer.poll() is not None or time.monotonic() > deadline + 1800:
+                raise RuntimeError(f"the consumer stopped following: {(work / 'spark.log').read_text()[-3000:]}")
+            time.sleep(0.05)
+        applied = time.perf_counter() - daemon.started_at
+    finally:
+        daemon.stop()
+        consumer.terminate()
+        try:
+            consumer.wait(120)
+        except subprocess.TimeoutExpired:
+            consumer.kill()
+            consumer.wait()
+        log.close()
+    merges = len(re.findall(r"applied batches", (work / "spark.log").read_text()))
+    return [{"measure": f"Spark consumer ({SPARK_FORMAT}) following the daemon, events applied to the mirror",
+             "unit": "events/s", "cdcd": round(count / applied, 1), "cdcd_seconds": round(applied, 2),
+             "items": count, "baseline": "cdcd landing the same events (the daemon of this measure)",
+             "baseline_rate": round(count / landed, 1), "baseline_seconds": round(landed, 2),
+             "ratio": round(landed / applied, 3), "lag_seconds": round(applied - landed, 2), "merges": merges}]
+
+
 def spark_small(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
     """A 100-row batch into a large Delta mirror: its time and what it rewrote.
 

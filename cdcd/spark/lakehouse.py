@@ -13,6 +13,7 @@ are on Spark's classpath.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -396,6 +397,27 @@ def applied_seq(spark: SparkSession, names: Names, kind: str, schema: str, table
     return int(row[0]) if row is not None and row[0] is not None else 0
 
 
+@dataclass(slots=True)
+class Held:
+    """Per table and step, the highest batch seq the table's commits record: read from the table the first
+    time (``applied_seq``, a Spark job over its log), then kept from this process's own commits. Exact
+    because one consumer applies to a target (``state.lock_target``); forgotten after a failed merge,
+    whose commits are not known."""
+
+    seqs: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (kind, "schema.table", step)
+
+    def seq(self, spark: SparkSession, names: Names, kind: str, schema: str, table: str, step: str) -> int:
+        key = (kind, f"{schema}.{table}", step)
+        if key not in self.seqs:
+            self.seqs[key] = applied_seq(spark, names, kind, schema, table, step)
+        return self.seqs[key]
+
+    def applied(self, kind: str, schema: str, table: str, step: str, seq: int) -> None:
+        """Record that the table's commits now record ``seq`` (or a later batch) for ``step``."""
+        key = (kind, f"{schema}.{table}", step)
+        self.seqs[key] = max(self.seqs.get(key, 0), seq)
+
+
 @contextmanager
 def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     began = time.monotonic()
@@ -406,8 +428,8 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table: str, files: list[LandedFile],
-                          prev: TableState, run_id: str,
-                          timings: dict[str, float] | None = None) -> tuple[TableState, int]:
+                          prev: TableState, run_id: str, timings: dict[str, float] | None = None,
+                          held: Held | None = None) -> tuple[TableState, int]:
     """Apply one table's landed files to its change-log and mirror; the new table state and the event count.
 
     Each statement's commit records the last batch seq it applied (``recorded``), and a
@@ -422,6 +444,7 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
     """
     seq = files[-1].seq
     took = timings if timings is not None else {}
+    record = held if held is not None else Held()
     with _timed(took, "prepare"):
         mirror_have = table_schema(spark, names, "tables", schema, table)
         target = spark.table(names.mirror(schema, table)) if mirror_have is not None else None
@@ -443,8 +466,8 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
             def changelog_side() -> tuple[int, StructType]:
                 _run(spark, plan.changelog_ddl)
                 # a table created by this merge holds no batch yet: no need to read its log for one
-                held = applied_seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
-                return held, (log_have if log_have is not None and not plan.changelog_ddl
+                found = record.seq(spark, names, "changelog", schema, table, "changelog") if log_have is not None else 0
+                return found, (log_have if log_have is not None and not plan.changelog_ddl
                               else _required(spark, names, schema, table))
 
             # on Delta the two tables' DDL and log reads run side by side (driver work of separate tables, each
@@ -452,7 +475,7 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog-ddl") as pool:
                 log_side = pool.submit(changelog_side) if names.fmt == "delta" else None
                 _run(spark, plan.mirror_ddl)
-                mirror_held = (applied_seq(spark, names, "tables", schema, table, "mirror")
+                mirror_held = (record.seq(spark, names, "tables", schema, table, "mirror")
                                if mirror_have is not None else 0)
                 log_held, log_schema = log_side.result() if log_side is not None else changelog_side()
         # an append unless the table may hold some of these events already: a batch of this
@@ -479,10 +502,12 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
                 # summary of ours (a metadata-only delete)
                 if mirror_held < seq:
                     new_only = min(f.entry["first_position"] for f in files) > prev.watermark
-                    _apply_mirror(spark, names, schema, table, p, plan, views[1], seq, created=mirror_have is None,
+                    _apply_mirror(spark, names, schema, table, p, plan, views[1], seq, mirror_have,
                                   files=files if new_only else None)
             if side is not None:
                 side.result()  # the change-log's failure, if any, fails the merge
+        record.applied("changelog", schema, table, "changelog", seq)
+        record.applied("tables", schema, table, "mirror", seq)
         for v in views:
             spark.catalog.dropTempView(v)
         return state, p.facts.events
@@ -491,12 +516,15 @@ def apply_lakehouse_table(spark: SparkSession, names: Names, schema: str, table:
 
 
 def _apply_mirror(spark: SparkSession, names: Names, schema: str, table: str, p: Prepared, plan: Statements,
-                  view: str, seq: int, created: bool, files: list[LandedFile] | None) -> None:
-    """``files``: the landed files when every event in them is new to the table (none below its watermark)."""
+                  view: str, seq: int, have: StructType | None, files: list[LandedFile] | None) -> None:
+    """``have``: the mirror's schema before this merge (None: created by it); ``files``: the landed files when
+    every event in them is new to the table (none below its watermark)."""
+    created = have is None
     if plan.truncate is not None:
         with recorded(spark, names.fmt, "truncate", seq):
             _run(spark, [plan.truncate])
-    if created and names.fmt == "delta" and files is not None and adoptable_mirror(p, files):
+    if (names.fmt == "delta" and files is not None and adoptable_mirror(p, files)
+            and (created or _new_keys_only(spark, names, schema, table, p, plan, have))):
         # every landed row is a mirror row as it is (one insert or update per key, nothing else)
         adopt(spark, names.location("tables", schema, table), files, "cdcd-mirror", seq, key_stats(p))
         return
@@ -516,6 +544,36 @@ def adoptable_mirror(p: Prepared, files: list[LandedFile]) -> bool:
     created with its column names as physical names (``ddl``)."""
     return (p.facts.unique and p.facts.deletes == 0 and len(p.facts.file_ranges) == len(files)
             and one_version(files) and plain_names(mirror_schema(p)))
+
+
+def _new_keys_only(spark: SparkSession, names: Names, schema: str, table: str, p: Prepared, plan: Statements,
+                   have: StructType | None) -> bool:
+    """Whether landed files can join an existing Delta mirror as they are: its schema is the batch's (no
+    change in this merge, every column stored under its own name) and it holds no row in the batch's key
+    range, asked of the table itself (its file statistics skip every file outside the range, so a batch of new
+    keys beyond the mirror's reads no data file)."""
+    r = p.facts.key_range
+    if have is None or plan.mirror_ddl or r is None or r.lowest is None or not same_columns(mirror_schema(p), have):
+        return False
+    jvm = spark._jvm
+    assert jvm is not None
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+        spark._jsparkSession, names.location("tables", schema, table).as_uri())
+    stored = json.loads(log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty()).metadata().schemaString())
+    if not _own_physical_names(stored):
+        return False  # a column added under column mapping: its data files name it otherwise
+    inside = sql.key_range(r.column, p.types[r.column], r.lowest, r.highest, r.nulls)
+    return not spark.sql(f"SELECT 1 FROM {names.mirror(schema, table)} t WHERE {inside} LIMIT 1").take(1)
+
+
+def _own_physical_names(dt: Any) -> bool:
+    """Whether every field of a Delta schema (its JSON form), nested ones too, is stored under its own name."""
+    if not isinstance(dt, dict):
+        return True  # a primitive type
+    if dt.get("type") == "struct":
+        return all(f.get("metadata", {}).get("delta.columnMapping.physicalName", f["name"]) == f["name"]
+                   and _own_physical_names(f["type"]) for f in dt["fields"])
+    return all(_own_physical_names(dt.get(k)) for k in ("elementType", "keyType", "valueType"))
 
 
 def key_stats(p: Prepared) -> list[dict[str, Any]]:
@@ -568,6 +626,7 @@ class LakehouseStrategy:
         self.spark = spark
         self.names = Names(fmt, store.target)
         self.label = f"{fmt}: "
+        self.held = Held()
         marker = store.state_dir / FORMAT_MARKER
         if not marker.exists():
             marker.write_text(fmt + "\n")
@@ -575,12 +634,17 @@ class LakehouseStrategy:
     def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
         # every statement is idempotent: a crash before the job's commit applies the batches again
         out = Applied()
-        for (schema, table), files in sorted(segment.tables().items()):
-            name = f"{schema}.{table}"
-            out.timings[name] = {}
-            state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
-                                             tables.get(name, TableState()), segment.run_id, out.timings[name])
-            out.tables[name] = state
-            out.events += n
+        try:
+            for (schema, table), files in sorted(segment.tables().items()):
+                name = f"{schema}.{table}"
+                out.timings[name] = {}
+                state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
+                                                 tables.get(name, TableState()), segment.run_id, out.timings[name],
+                                                 self.held)
+                out.tables[name] = state
+                out.events += n
+        except BaseException:
+            self.held = Held()  # which of the failed merge's commits were made is not known: ask the tables
+            raise
         apply_covered(self.spark, self.names, segment)  # completed re-snapshots, after the events
         return out

@@ -195,3 +195,81 @@ async def test_new_delta_tables_take_the_landed_files_as_they_are(spark: object,
     assert values(target) == {1: (Decimal("9.00"), big(1)), **{i: (Decimal(f"{i}.50"), big(i)) for i in (3, 4, 5)}}
     assert mirror(target, TABLE)[1]["note"] == "n" and mirror(target, TABLE)[3]["note"] is None
     assert len(rows_of(target, TABLE, "changelog")) == 7
+
+
+async def test_the_record_of_applied_batches_follows_the_consumers_commits_and_a_failure(
+    spark: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within one process the consumer asks a table for its record of applied batches once, then keeps it from
+    its own commits; after a failed merge (here the mirror's statement fails once the change-log's commit is
+    made) it asks the tables again, so the retry skips the change-log and does not add its events twice."""
+    from pyspark.sql import SparkSession
+
+    from cdcd.spark import lakehouse
+    from cdcd.spark.job import Consumer
+
+    session = SparkSession.getActiveSession()
+    assert session is not None
+    reads: list[tuple[str, str]] = []
+    read = lakehouse.applied_seq
+
+    def counted(*args: object) -> int:
+        reads.append((str(args[2]), str(args[5])))
+        return read(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lakehouse, "applied_seq", counted)
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    consumer = Consumer(session, landing, target, "delta")
+    await land(landing, [snapshot([1, 2, 3])], [1])
+    consumer.apply_upto(1)
+    await land(landing, [[ev(Op.CREATE, 200, 1, after=row(4, amount=Decimal("4.00"), big=big(4)))]], [2])
+    consumer.apply_upto(2)
+    assert reads == []  # created by this process, then kept from its own commits
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the mirror's statement failed")
+
+    await land(landing, [[ev(Op.CREATE, 300, 1, after=row(5, amount=Decimal("5.00"), big=big(5)))]], [3])
+    with monkeypatch.context() as m:
+        m.setattr(lakehouse, "_apply_mirror", failing)
+        with pytest.raises(RuntimeError, match="mirror's statement"):
+            consumer.apply_upto(3)
+    consumer.apply_upto(3)  # the retry in the same process
+    assert sorted(reads) == [("changelog", "changelog"), ("tables", "mirror")]
+    assert sorted(r["id"] for r in rows_of(target, TABLE, "changelog")) == [1, 2, 3, 4, 5]
+    assert values(target) == {**{i: (Decimal(f"{i}.50"), big(i)) for i in (1, 2, 3)},
+                              4: (Decimal("4.00"), big(4)), 5: (Decimal("5.00"), big(5))}
+
+
+async def test_new_keys_join_an_existing_delta_mirror_as_landed_files_and_known_keys_are_merged(
+    spark: object, tmp_path: Path
+) -> None:
+    """Inserts of keys the mirror does not hold (it has no row in their key range): the landed file joins the
+    existing mirror as it is. Not when the mirror holds a row in that range (an insert of a key a resumed
+    snapshot already read), when the batch changes the mirror's schema, or when a column was added under
+    column mapping (its data files name it otherwise): those merge, and every key is in the mirror once."""
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    mirror_dir = target / "tables" / TABLE
+
+    def adopted(seq: int) -> bool:
+        return any(p.startswith(f"{seq:020d}-") for p in delta_adds(mirror_dir))
+
+    batches = [
+        snapshot([1, 2, 3]),
+        [ev(Op.CREATE, 200, 1, after=row(10, amount=Decimal("10.00"), big=big(10))),
+         ev(Op.CREATE, 200, 2, after=row(11, amount=Decimal("11.00"), big=big(11)))],
+        [ev(Op.CREATE, 300, 1, after=row(2, amount=Decimal("2.75"), big=big(2)))],  # the mirror holds 2
+        [ev(Op.CREATE, 400, 1, schema=V2, after=row(20, amount=Decimal("20.00"), big=big(20), note="a"))],
+        [ev(Op.CREATE, 500, 1, schema=V2, after=row(30, amount=Decimal("30.00"), big=big(30), note="b"))],
+    ]
+    for seq, batch in enumerate(batches, 1):
+        await land(landing, [batch], [seq])
+        apply(landing, target, "delta")
+    assert [adopted(seq) for seq in range(1, 6)] == [True, True, False, False, False]
+    assert values(target) == {1: (Decimal("1.50"), big(1)), 2: (Decimal("2.75"), big(2)),
+                              3: (Decimal("3.50"), big(3)), 10: (Decimal("10.00"), big(10)),
+                              11: (Decimal("11.00"), big(11)), 20: (Decimal("20.00"), big(20)),
+                              30: (Decimal("30.00"), big(30))}
+    ids = [r["id"] for r in rows_of(target, TABLE)]
+    assert len(ids) == len(set(ids))
+    assert {k: r["note"] for k, r in mirror(target, TABLE).items() if k in (20, 30)} == {20: "a", 30: "b"}

@@ -377,3 +377,24 @@ def test_arrow_ranged_is_what_spark_reads_as_a_ranged_type(spark: SparkSession, 
     read = spark.read.parquet(str(tmp_path / "kinds.parquet")).schema
     assert {f"c{i}": arrow_ranged(k) for i, k in enumerate(kinds)} == {
         f.name: isinstance(f.dataType, RANGED) for f in read.fields}
+
+
+def test_physical_names_are_checked_in_nested_fields_too() -> None:
+    """Landed files join an existing Delta mirror only when every field, nested ones too, is stored under its
+    own name (a field added under column mapping gets a generated physical name, which landed files lack)."""
+    from cdcd.spark.lakehouse import _own_physical_names
+
+    def field(name: str, kind: object, physical: str | None = None) -> dict[str, object]:
+        return {"name": name, "type": kind, "nullable": True,
+                "metadata": {"delta.columnMapping.physicalName": physical} if physical else {}}
+
+    def struct(*fields: dict[str, object]) -> dict[str, object]:
+        return {"type": "struct", "fields": list(fields)}
+
+    assert _own_physical_names(struct(field("id", "long", "id"), field("v", "string")))
+    assert not _own_physical_names(struct(field("id", "long", "id"), field("v", "string", "col-9a1")))
+    assert not _own_physical_names(struct(field("s", struct(field("x", "int", "col-2b")), "s")))
+    listed = {"type": "array", "elementType": struct(field("x", "int", "col-3c")), "containsNull": True}
+    assert not _own_physical_names(struct(field("a", listed)))
+    keyed = {"type": "map", "keyType": "string", "valueType": struct(field("y", "int")), "valueContainsNull": True}
+    assert _own_physical_names(struct(field("m", keyed)))
