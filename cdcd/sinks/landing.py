@@ -266,21 +266,27 @@ class LandingWriter:
         return {s for s in seqs if (consumed / layout.consumed_name(s)).exists()}
 
     def expire(self, upto: int, retention_s: float, now: float) -> list[int]:
-        """Remove consumed batches with seq <= ``upto`` whose marker is older than the retention."""
+        """Remove consumed batches with seq <= ``upto`` whose marker is older than the retention.
+
+        Goes by the consumer's markers, not the manifests: with no consumer there is nothing to look at, and
+        a zone holding a day of unconsumed batches is not listed at every checkpoint.
+        """
         manifests, data, consumed = self.dirs
         removed = []
-        for seq in layout.seqs_in(manifests):
-            if seq > upto:
-                break
-            marker = consumed / layout.consumed_name(seq)
-            try:
-                consumed_at = marker.stat().st_mtime
-            except FileNotFoundError:
-                continue  # never remove a batch the consumer has not committed
-            if now - consumed_at < retention_s:
-                continue
-            (manifests / layout.manifest_name(seq)).unlink()  # invisible first, then the rest
-            removed.append(seq)
+        with os.scandir(consumed) as entries:
+            for entry in entries:
+                seq = layout.consumed_seq(entry.name)
+                if seq is None or seq > upto:
+                    continue
+                try:
+                    consumed_at = entry.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                if now - consumed_at >= retention_s:
+                    removed.append(seq)
+        removed.sort()
+        for seq in removed:
+            (manifests / layout.manifest_name(seq)).unlink(missing_ok=True)  # invisible first, then the rest
         if removed:
             fsync_dir(manifests)
             gone = set(removed)
@@ -306,6 +312,7 @@ class LandingSink(Sink):
         self._acks: asyncio.Queue[int | None] = asyncio.Queue()
         self._pending: set[int] = set()
         self._watcher: asyncio.Task[None] | None = None
+        self._expire_after = 0.0  # time.monotonic() before which ``committed`` does not look for expired batches
         self._closed = False
         self.landed_seq = 0
         # Write failures for /status, metrics and health: the runtime retries the batch meanwhile.
@@ -371,9 +378,15 @@ class LandingSink(Sink):
             yield seq
 
     async def committed(self, batch_seq: int) -> None:
+        # Retention counts in seconds: looking more often than once a second (or than the retention) is waste.
+        now = time.monotonic()
+        if now < self._expire_after:
+            return
+        self._expire_after = now + min(1.0, self.retention_s)
         try:
             await asyncio.to_thread(self._writer.expire, batch_seq, self.retention_s, time.time())
         except OSError as exc:
+            self._expire_after = 0.0
             raise SinkError(f"landing zone {self.path}: retention cleanup failed: {exc}") from exc
 
     def status(self) -> dict[str, Any]:

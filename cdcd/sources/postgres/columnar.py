@@ -1,7 +1,7 @@
 """pgoutput row messages -> ``ChangeBlock``s: tuple data kept in wire form, parsed and converted a column at a time.
 
-``BlockBuilder`` collects the Insert/Update/Delete messages of one relation inside one transaction as the
-server sent them (one ``bytes`` each, nothing parsed). ``build`` parses all of them at once with numpy: one
+``BlockBuilder`` collects the Insert/Update/Delete messages of one relation as the server sent them (one
+``bytes`` each, nothing parsed), possibly of several transactions. ``build`` parses them at once with numpy: one
 pass per column over every row finds each value's kind (text, NULL, unchanged TOAST), offset and length in the
 joined messages; each column's values are gathered into one Arrow binary array and converted by the snapshot's
 COPY-text converters (``copytext.CopyDecoder.wire_column``). No Python value, tuple or row dict is made per
@@ -59,6 +59,9 @@ class _Tuples:
         self.start = np.empty((width, m), np.int64)
         self.size = np.zeros((width, m), np.int64)
         cur = starts + 2
+        if not m:  # no tuple (a block without old rows): nothing to read
+            self.end = cur
+            return
         for j in range(width):
             at = np.minimum(cur, limit)
             kind = buf[at]
@@ -93,10 +96,12 @@ class BlockBuilder:
     def __len__(self) -> int:
         return len(self.messages)
 
-    def build(self, start: PgPosition, tx_id: str | None, commit_ts: Any) -> ChangeBlock:
-        """The gathered rows as one block whose first row is at ``start``; the builder starts empty again."""
-        messages = self.messages
-        n = len(messages)
+    def build(self, start: PgPosition, tx_id: str | None, commit_ts: Any, count: int | None = None) -> ChangeBlock:
+        """The first ``count`` gathered rows (None: all) as one block whose first row is at ``start``; the
+        builder keeps the rest."""
+        n = len(self.messages) if count is None else count
+        messages = self.messages[:n]
+        del self.messages[:n]  # in place: ``add`` and ``add_all`` are bound to this list
         width = len(self._names)
         table = self.shape.table
         lengths = np.fromiter(map(len, messages), np.int64, n)
@@ -104,7 +109,6 @@ class BlockBuilder:
         starts = ends - lengths
         messages.append(_PAD)
         buf = np.frombuffer(b"".join(messages), np.uint8)  # one copy, padded
-        messages.clear()
         if (lengths < 6).any():
             raise ProtocolError(f"pgoutput: a row message of {table} is truncated")
         tags = buf[starts]

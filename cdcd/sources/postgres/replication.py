@@ -104,6 +104,8 @@ class ReplicationConnection:
         self.closed = False
         #: No message at all for this long while streaming means a dead path (set from wal_sender_timeout).
         self.stall_timeout_s = DEFAULT_STALL_S
+        #: When set, ``xlog`` yields an empty list if no data came by this ``time.monotonic()`` (once).
+        self.wake_at: float | None = None
 
     # ------------------------------------------------------------ connecting
 
@@ -312,7 +314,7 @@ class ReplicationConnection:
 
         Lists rather than single messages: crossing async generators per message costs more than decoding it;
         and the buffer cuts them out in bulk (``MessageBuffer.take_xlog``), with no object per message but the
-        data itself. Keepalives are answered here.
+        data itself. Keepalives are answered here. An empty list: nothing came by ``wake_at``.
         """
         buf = self._buf
         while True:
@@ -341,6 +343,19 @@ class ReplicationConnection:
                     raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} in the stream")
             if out:
                 yield out
+            wake = self.wake_at
+            if wake is not None:  # the reader holds decoded items: tell it when nothing came by then
+                self.wake_at = None
+                try:
+                    async with asyncio.timeout(max(0.0, wake - time.monotonic())):
+                        data = await self._reader.read(_READ_SIZE)  # cancelled before data: none is lost
+                except TimeoutError:
+                    yield []
+                    continue
+                if not data:
+                    raise SourceError(f"{self._params.where}: the server closed the replication connection")
+                buf.feed(data)
+                continue
             try:
                 async with asyncio.timeout(self.stall_timeout_s):
                     data = await self._reader.read(_READ_SIZE)
