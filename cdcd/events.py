@@ -292,17 +292,23 @@ class ChangeBlock:
         seqs = self.seqs.to_numpy(zero_copy_only=False)
         return self.slice(int(np.searchsorted(seqs, position.seq, side="right")))
 
-    def encoded_positions(self) -> pa.Array:
-        """``_cdc_pos`` of every row: the first row's encoding with each row's sequence number."""
+    def position_parts(self) -> tuple[str, np.ndarray]:
+        """What every row's encoded position is made of: the first row's encoding without its sequence
+        number (10 digits), and each row's sequence number."""
         head = self.start.encoded
         seq = self.start.seq
         digits = f"{seq:010d}"
         if not head.endswith(digits):
             raise ValueError(f"position {head} does not end with its sequence number {digits}")
-        numbers = self.seqs if self.seqs is not None else pa.array(np.arange(seq, seq + self.rows, dtype=np.int64))
-        seqs = numbers.cast(pa.string())
-        padded = pc.utf8_lpad(seqs, 10, "0")
-        return pc.binary_join_element_wise(head[: -len(digits)], padded, "")
+        numbers = np.arange(seq, seq + self.rows, dtype=np.int64) if self.seqs is None \
+            else self.seqs.to_numpy(zero_copy_only=False).astype(np.int64)
+        return head[: -len(digits)], numbers
+
+    def encoded_positions(self) -> pa.Array:
+        """``_cdc_pos`` of every row: the first row's encoding with each row's sequence number."""
+        head, numbers = self.position_parts()
+        padded = pc.utf8_lpad(pa.array(numbers).cast(pa.string()), 10, "0")
+        return pc.binary_join_element_wise(head, padded, "")
 
     def key_rows(self) -> list[tuple[Any, ...]] | None:
         """Each row's key (``ChangeEvent.key``: the new key, the deleted key for deletes); None without a key."""

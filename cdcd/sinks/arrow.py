@@ -187,36 +187,67 @@ def block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block:
 
 def change_block_to_table(schema: TableSchema, batch_seq: int, first_index: int, block: ChangeBlock) -> pa.Table:
     """A ChangeBlock's rows with the metadata columns a ChangeEvent per row would get (``events_to_table``)."""
-    data = block.data
-    n = data.num_rows
-    _check_columns(schema, data, "change block")
-    ts = block.commit_ts.astimezone(UTC) if block.commit_ts else None
-    columns: list[pa.Array | pa.ChunkedArray] = list(data.columns)
-    columns.append(block.ops)
-    columns.append(block.encoded_positions())
-    columns.append(pa.repeat(pa.scalar(block.tx_id, pa.string()), n))
-    columns.append(pa.repeat(pa.scalar(ts, pa.timestamp("us", tz="UTC")), n))
-    columns.append(pa.repeat(pa.scalar(block.snapshot, pa.bool_()), n))
-    if block.unavailable is not None:
-        columns.append(pa.array([sorted(names) for names in block.unavailable], pa.list_(pa.string())))
+    return change_blocks_to_table(schema, batch_seq, [(first_index, block)])
+
+
+def change_blocks_to_table(schema: TableSchema, batch_seq: int, parts: Sequence[tuple[int, ChangeBlock]]) -> pa.Table:
+    """ChangeBlocks of ``schema``, each with its first row's index in the batch, as one table in their order.
+
+    The Arrow calls are per table, not per block: a stream of small transactions lands a block each, and the
+    landing thread waited for the GIL at every call while the event loop decoded.
+    """
+    blocks = [b for _, b in parts]
+    for b in blocks:
+        _check_columns(schema, b.data, "change block")
+    counts = np.fromiter((b.rows for b in blocks), np.int64, len(blocks))
+    n = int(counts.sum())
+    one = len(blocks) == 1
+    columns: list[pa.Array | pa.ChunkedArray] = list(
+        (blocks[0].data if one else pa.concat_tables([b.data for b in blocks])).columns)
+    columns.append(blocks[0].ops if one else pa.concat_arrays([b.ops for b in blocks]))
+    heads, numbers = zip(*(b.position_parts() for b in blocks), strict=True)
+    padded = pc.utf8_lpad(pa.array(np.concatenate(numbers)).cast(pa.string()), 10, "0")
+    columns.append(pc.binary_join_element_wise(_per_row(list(heads), counts, pa.string()), padded, ""))
+    columns.append(_per_row([b.tx_id for b in blocks], counts, pa.string()))
+    columns.append(_per_row([b.commit_ts.astimezone(UTC) if b.commit_ts else None for b in blocks], counts,
+                            pa.timestamp("us", tz="UTC")))
+    columns.append(_per_row([b.snapshot for b in blocks], counts, pa.bool_()))
+    if any(b.unavailable is not None for b in blocks):
+        names: list[list[str]] = []
+        for b in blocks:
+            names.extend([[]] * b.rows if b.unavailable is None else (sorted(u) for u in b.unavailable))
+        columns.append(pa.array(names, pa.list_(pa.string())))
     else:
         columns.append(_empty_lists(n))
     columns.append(pa.repeat(pa.scalar(batch_seq, pa.int64()), n))
-    columns.append(pa.array(np.arange(first_index, first_index + n, dtype=np.int64)))
+    columns.append(pa.array(np.concatenate([np.arange(first, first + b.rows, dtype=np.int64) for first, b in parts])))
     columns.append(pa.repeat(pa.scalar(schema.version, pa.int64()), n))
-    columns.append(_block_before_keys(schema, block))
+    if any(_changes_keys(schema, b) for b in blocks):
+        columns.append(pa.concat_arrays([_block_before_keys(schema, b) for b in blocks]))
+    else:
+        columns.append(pa.nulls(n, before_key_type(schema)))
     return pa.Table.from_arrays(columns, schema=arrow_schema(schema))
+
+
+def _per_row(values: list[Any], counts: np.ndarray, kind: pa.DataType) -> pa.Array:
+    """``values[i]`` repeated ``counts[i]`` times, in one Arrow call (plus the values' own)."""
+    if len(values) == 1:
+        return pa.repeat(pa.scalar(values[0], kind), int(counts[0]))
+    return pa.array(values, kind).take(pa.array(np.repeat(np.arange(len(values), dtype=np.int32), counts)))
+
+
+def _changes_keys(schema: TableSchema, block: ChangeBlock) -> bool:
+    return bool(schema.key) and block.key_changed is not None and block.before is not None
 
 
 def _block_before_keys(schema: TableSchema, block: ChangeBlock) -> pa.Array:
     """The old key of each update that changed its key (``block.key_changed``), else NULL."""
     kind = before_key_type(schema)
-    n = block.rows
-    if not schema.key or block.key_changed is None or block.before is None:
-        return pa.nulls(n, kind)
-    changed = block.key_changed
+    if not _changes_keys(schema, block):
+        return pa.nulls(block.rows, kind)
+    assert block.key_changed is not None and block.before is not None
     keys = [block.before.column(k).combine_chunks() for k in schema.key]
-    return pa.StructArray.from_arrays(keys, fields=list(kind), mask=pc.invert(changed))
+    return pa.StructArray.from_arrays(keys, fields=list(kind), mask=pc.invert(block.key_changed))
 
 
 def describe_schema(schema: TableSchema) -> dict[str, Any]:

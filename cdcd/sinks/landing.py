@@ -37,7 +37,7 @@ from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
 from cdcd.landing.manifest import batch_manifest, canonical, covered_entry, file_entry
 from cdcd.landing.zone import ensure_zone_id
 from cdcd.runtime.interfaces import Batch, Sink
-from cdcd.sinks.arrow import block_to_table, describe_schema, events_to_table
+from cdcd.sinks.arrow import block_to_table, change_blocks_to_table, describe_schema, events_to_table
 
 AckMode = Literal["landed", "consumed"]
 
@@ -71,8 +71,19 @@ class _Group:
         return run
 
     def to_table(self, batch_seq: int) -> pa.Table:
-        tables = [events_to_table(self.schema, batch_seq, p.events, p.indexes) if isinstance(p, _Run)
-                  else block_to_table(self.schema, batch_seq, p[0], p[1]) for p in self.parts]
+        tables: list[pa.Table] = []
+        blocks: list[tuple[int, ChangeBlock]] = []  # consecutive ChangeBlocks: converted together
+        for p in self.parts:
+            if type(p) is tuple and type(p[1]) is ChangeBlock:
+                blocks.append(p)  # type: ignore[arg-type]
+                continue
+            if blocks:
+                tables.append(change_blocks_to_table(self.schema, batch_seq, blocks))
+                blocks = []
+            tables.append(events_to_table(self.schema, batch_seq, p.events, p.indexes) if isinstance(p, _Run)
+                          else block_to_table(self.schema, batch_seq, p[0], p[1]))
+        if blocks:
+            tables.append(change_blocks_to_table(self.schema, batch_seq, blocks))
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 

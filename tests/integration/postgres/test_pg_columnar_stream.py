@@ -22,7 +22,9 @@ from source_driver import events_of
 from cdcd.config import Config
 from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeBlock, ChangeEvent, Item
+from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.arrow import block_to_table, events_to_table
+from cdcd.sinks.landing import _group
 
 TYPES = """
 CREATE TYPE mood AS ENUM ('sad', 'happy');
@@ -262,3 +264,13 @@ async def test_columnar_stream_equals_the_row_path_event_by_event(
             parts = pa.concat_tables([block_to_table(block.schema, 7, 3, head),
                                       block_to_table(block.schema, 7, 3 + cut, tail)])
             assert _same(parts.to_pylist(), expected.to_pylist())
+    # Every block in one batch (the landing converts a table's consecutive blocks together) lands what the
+    # row path's events land, table by table
+    col_groups, row_groups = _group(Batch(7, col_items)), _group(Batch(7, row_items))
+    assert [(g.schema.table, g.schema.version) for g in col_groups] == \
+        [(g.schema.table, g.schema.version) for g in row_groups]
+    assert any(sum(type(p) is tuple for p in g.parts) > 1 for g in col_groups)
+    for c, r in zip(col_groups, row_groups, strict=True):
+        landed, expected = c.to_table(7), r.to_table(7)
+        assert landed.schema == expected.schema
+        assert _same(landed.to_pylist(), expected.to_pylist())
