@@ -66,7 +66,7 @@ BLOCK_ROWS = 8192
 BLOCK_BYTES = 1 << 20
 #: How long decoded rows may wait for the next socket reads, which then share their conversion: with small
 #: transactions arriving one per read, a conversion per transaction is most of the event loop's time.
-HOLD_S = 0.005
+HOLD_S = 0.002
 _ROW_TAGS = frozenset(b"IUD")
 _ROW_RUN = re.compile(rb"[IUD]+")
 _TAG = operator.itemgetter(0)
