@@ -17,8 +17,27 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
 
-import structlog
-from structlog.typing import EventDict, Processor, WrappedLogger
+
+def _import_structlog_without_rich() -> None:
+    """``import structlog``, leaving out rich unless something loaded it already.
+
+    structlog imports rich and pygments as it is imported, only to draw exceptions on a console: about
+    60 ms of every daemon start. Without them its console renderer prints plain tracebacks. The daemon's
+    entry point imports this module before anything else imports structlog.
+    """
+    if "rich" in sys.modules or "structlog" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # an import of rich now fails: structlog skips it
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
+_import_structlog_without_rich()
+
+import structlog  # noqa: E402
+from structlog.typing import EventDict, Processor, WrappedLogger  # noqa: E402
 
 Format = Literal["auto", "json", "console"]
 
