@@ -3,13 +3,18 @@ under any split of the byte stream, and every message as soon as its last byte i
 
 from __future__ import annotations
 
+import asyncio
 import struct
+import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cdcd.sources.postgres import protocol as p
+from cdcd.sources.postgres.replication import ReplicationConnection
 
 
 def _xlog(start: int, end: int, data: bytes) -> bytes:
@@ -102,3 +107,27 @@ def test_a_truncated_xlogdata_is_a_protocol_error() -> None:
     assert msg is not None and not got
     with pytest.raises(p.ProtocolError, match="truncated"):
         p.parse_copy_data(msg.payload)
+
+
+async def _next(stream: Any, within: float) -> list[bytes]:
+    return await asyncio.wait_for(anext(stream), within)  # type: ignore[no-any-return]
+
+
+async def test_a_waiting_reader_is_woken_even_when_only_part_of_a_message_came() -> None:
+    """``wake_at``: the stream yields an empty list when no whole message came by then, whatever bytes did
+    (a keepalive, the first half of a message), and the message once its last byte is there."""
+    reader = asyncio.StreamReader()
+    conn = ReplicationConnection(reader, None, SimpleNamespace(where="test"))  # type: ignore[arg-type]
+    stream = conn.xlog()
+    reader.feed_data(_xlog(1, 2, b"I-first"))
+    assert await _next(stream, 5) == [b"I-first"]
+    later = _xlog(3, 4, b"I-second")
+    for part in (_keepalive(3, False), later[:9]):  # nothing whole: no message to yield
+        conn.wake_at = time.monotonic() + 0.05
+        reader.feed_data(part)
+        assert await _next(stream, 5) == []  # the stall bound (minutes) would time this out
+        assert conn.wake_at is None
+    conn.wake_at = time.monotonic() + 60
+    reader.feed_data(later[9:])
+    assert await _next(stream, 5) == [b"I-second"]
+    assert conn.wake_at is None

@@ -342,24 +342,19 @@ class ReplicationConnection:
                 elif msg.kind not in (b"N", b"S"):
                     raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} in the stream")
             if out:
+                self.wake_at = None  # the reader gets messages: it sets a new wake time if it wants one
                 yield out
+            # The reader may hold decoded items until ``wake_at``: it is told (an empty list) when no message
+            # came by then, also when only a keepalive or part of a message did.
             wake = self.wake_at
-            if wake is not None:  # the reader holds decoded items: tell it when nothing came by then
-                self.wake_at = None
-                try:
-                    async with asyncio.timeout(max(0.0, wake - time.monotonic())):
-                        data = await self._reader.read(_READ_SIZE)  # cancelled before data: none is lost
-                except TimeoutError:
+            try:
+                async with asyncio.timeout(self.stall_timeout_s if wake is None else max(0.0, wake - time.monotonic())):
+                    data = await self._reader.read(_READ_SIZE)  # cancelled before data: none is lost
+            except TimeoutError:
+                if wake is not None:
+                    self.wake_at = None
                     yield []
                     continue
-                if not data:
-                    raise SourceError(f"{self._params.where}: the server closed the replication connection")
-                buf.feed(data)
-                continue
-            try:
-                async with asyncio.timeout(self.stall_timeout_s):
-                    data = await self._reader.read(_READ_SIZE)
-            except TimeoutError:
                 raise SourceError(
                     f"{self._params.where}: no message from the server for {self.stall_timeout_s:g}s, not even a "
                     "keepalive (the bound is the server's wal_sender_timeout): the connection is taken for dead; "

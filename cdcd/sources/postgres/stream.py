@@ -430,6 +430,8 @@ class PgStream:
                 continue
             for item in out.flush():
                 yield item
+        for item in out.flush():  # the server ended the stream: what was decoded goes out
+            yield item
 
     def _row_event(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, dec: RowDecoder,
                    pos: PgPosition, xid: str | None, commit_ts: datetime | None) -> ChangeEvent:
