@@ -386,7 +386,9 @@ def spark_consumer(stream_work: Path, target: Path, landed: list[Row]) -> list[R
 
     events = sum(sum(t.num_rows for t in b.tables.values()) for b in read_batches(landing, verify=False))
     seconds, log = _spark_once(landing, target)
-    daemon = [r for r in landed if r["measure"].startswith("PostgreSQL streaming")]
+    # pg_stream's own rows only: other rows also start "PostgreSQL streaming" (the incremental snapshot's
+    # writer, the Debezium comparison repeating cdcd's figures) and are not the daemon landing these events
+    daemon = [r for r in landed if r.get("scenario") == "pg_stream"]
     row: Row = {"measure": f"Spark consumer ({SPARK_FORMAT}), events applied to the mirror", "unit": "events/s",
                 "cdcd": round(events / seconds, 1), "cdcd_seconds": round(seconds, 2), "items": events,
                 "baseline": "cdcd landing the same events (pg_stream, this run); cdcd includes Spark start-up"}
