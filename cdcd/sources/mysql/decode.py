@@ -32,7 +32,7 @@ from cdcd.positions import MySqlPosition, binlog_index
 from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
 from cdcd.sources.mysql.columnar import BlockBuilder
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
-from cdcd.sources.mysql.rowimage import TableDecoder, compile_table
+from cdcd.sources.mysql.rowimage import TableDecoder, compile_table, table_map_signature
 from cdcd.sources.mysql.schema import (
     SchemaHistory,
     apply_alter,
@@ -101,7 +101,8 @@ class Decoder:
         self.seq = 0
         self.tx_events = 0
         self.last_ts: datetime | None = None
-        self._decoded: dict[int, tuple[Any, _Decoded]] = {}
+        #: table id -> (its last table-map event, how it decodes, the table map's shape, the history's schema)
+        self._decoded: dict[int, tuple[Any, _Decoded, tuple[Any, ...], TableSchema]] = {}
         self._block: BlockBuilder | None = None  # rows gathered for the next ChangeBlock
 
     @property
@@ -175,14 +176,24 @@ class Decoder:
         if cached is not None and cached[0] is tmap:
             return cached[1]
         current = self.history.at(table, slot)
+        # Each transaction brings a new table-map event: the same columns under the same history schema
+        # decode the same way, without deriving the schema again (13% of the binlog thread's time with
+        # transactions of 50 rows).
+        columns = list(tmap.columns)
+        shape = (table, table_map_signature(columns), tuple(bool(getattr(c, "is_primary", False)) for c in columns),
+                 bool(ev._ignore_decode_errors))
+        if cached is not None and cached[2] == shape and cached[3] is current:
+            self._decoded[ev.table_id] = (tmap, cached[1], shape, current)
+            return cached[1]
         derived = refine_types(schema_from_table_map(table, list(tmap.columns)), current or self.history.latest(table))
         if current is None or not same_shape(current, derived):
             current = self.history.record(slot, derived)
             items.append(Mark(MarkKind.SCHEMA, slot, {"table": str(table), "schema": schema_to_json(current),
                                                       "reason": "table map"}))
         conv = [(c.name, f) for c in current.columns if (f := stream_converter(c.source_type)) is not None]
-        d = _Decoded(current, conv, compile_table(list(tmap.columns), bool(ev._ignore_decode_errors)))
-        self._decoded = {ev.table_id: (tmap, d)} | {k: v for k, v in self._decoded.items() if k != ev.table_id}
+        d = _Decoded(current, conv, compile_table(columns, bool(ev._ignore_decode_errors)))
+        self._decoded = {ev.table_id: (tmap, d, shape, current)} | {k: v for k, v in self._decoded.items()
+                                                                   if k != ev.table_id}
         return d
 
     @staticmethod

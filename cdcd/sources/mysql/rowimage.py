@@ -613,7 +613,7 @@ def _update_rows(before: Image, after: Image, buf: bytes, pos: int, end: int) ->
     return out
 
 
-def _signature(columns: list[Any]) -> tuple[Any, ...]:
+def table_map_signature(columns: list[Any]) -> tuple[Any, ...]:
     """Everything about a table map's columns that decoding depends on."""
     return tuple(
         (c.type, c.name, bool(c.unsigned), getattr(c, "max_length", None), getattr(c, "length_size", None),
@@ -630,7 +630,7 @@ _tables: dict[tuple[Any, ...], TableDecoder | None] = {}
 def compile_table(columns: list[Any], ignore_decode_errors: bool = False) -> TableDecoder | None:
     """The decoder for a table map's columns (pymysqlreplication Column objects), or None when a column type
     is not decoded here. Cached by shape: every transaction brings a new table-map event."""
-    key = (_signature(columns), ignore_decode_errors)
+    key = (table_map_signature(columns), ignore_decode_errors)
     if key in _tables:
         return _tables[key]
     errors = "ignore" if ignore_decode_errors else "strict"
