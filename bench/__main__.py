@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             ("pg_snapshot", lambda: scenarios.pg_snapshot(pg, work / "pg_snapshot", sizes)),
             ("maria_stream", lambda: scenarios.maria_stream(maria, work / "maria_stream", sizes)),
             ("maria_snapshot", lambda: scenarios.maria_snapshot(maria, work / "maria_snapshot", sizes)),
+            ("maria_small_tx", lambda: scenarios.maria_small_tx(maria, work / "maria_small_tx", sizes)),
             ("latency", lambda: scenarios.pg_latency(pg, work / "latency", sizes)),
             ("rss", lambda: scenarios.pg_rss(pg, work / "rss", sizes)),
             ("incremental", lambda: scenarios.pg_incremental(pg, work / "incremental", sizes)),

@@ -136,6 +136,12 @@ class Daemon:
             return None
         return None
 
+    def cpu_seconds(self) -> float:
+        """User and system CPU time of the process so far."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def pause(self) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, signal.SIGSTOP)

@@ -157,6 +157,75 @@ def maria_stream(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Ro
     return rows
 
 
+MARIA_SMALL_TX_RATES = (20_000, 30_000)  # rows/s of the steady writer, in transactions of LATENCY_PER_TX rows
+
+
+def maria_small_tx(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Row]:
+    """Rows/s landed while one client commits small transactions at each rate of ``MARIA_SMALL_TX_RATES``.
+
+    The binlog brings a table map and a rows event per transaction: what costs per transaction, not per row,
+    shows here. The ratio is the daemon's rate over the writer's (1: it kept up), both timed from the writer's
+    start; the notes give how long the daemon needed after the writer's last commit, and its CPU time.
+    """
+    work.mkdir(parents=True)
+    db = m.create_database("bench_small_tx")
+    m.sql(workloads.MARIA_NARROW, db)
+    rows = []
+    for n, rate in enumerate(MARIA_SMALL_TX_RATES):
+        run = work / f"rate_{rate}"
+        run.mkdir()
+        http_port = _free_port()
+        # the latency measure's batching: a batch every 20 ms adds its own cost per batch to the per-transaction one
+        config = write_config(run / "cdcd.toml", _maria_source(m, db, [f"{db}.narrow"]), run,
+                              snapshot={"mode": "never"}, http={"listen": f"127.0.0.1:{http_port}"},
+                              landing={"max_batch_delay_ms": 20, "max_batch_events": 5000})
+        daemon = Daemon(config, run).start()
+        try:
+            _wait_ready(http_port, daemon)
+            already = daemon.committed_events()
+            cpu = daemon.cpu_seconds()
+            began = time.perf_counter()
+            written = _maria_steady_writer(m, db, rate, LATENCY_PER_TX, sizes["latency_s"], (n + 1) * 100_000_000)
+            wrote = time.perf_counter() - began
+            daemon.wait_committed(already + written, timeout=600)
+            seconds = time.perf_counter() - began
+            cpu = daemon.cpu_seconds() - cpu
+            peak = daemon.peak_rss_mb()
+        finally:
+            daemon.stop()
+        rows.append(_pair(f"MariaDB streaming, transactions of {LATENCY_PER_TX} rows written at {rate:,} rows/s",
+                          "rows/s", Timed(seconds, written, peak), Timed(wrote, written),
+                          "the writer (one mariadb client session), same span start", peak_rss_mb=peak,
+                          notes=["max_batch_delay_ms=20",
+                                 f"the writer committed {round(written / wrote):,} rows/s for {wrote:.1f} s",
+                                 f"the last row landed {seconds - wrote:.2f} s after the writer's last commit",
+                                 f"daemon CPU {cpu:.1f} s ({cpu / seconds:.0%} of one core)"]))
+    return rows
+
+
+def _maria_steady_writer(m: MariaDBServer, db: str, rate: int, per_tx: int, seconds: float, first_id: int) -> int:
+    """Insert ``rate`` rows/s into ``narrow`` in autocommitted statements of ``per_tx`` rows, through one client,
+    paced from the start time as ``_steady_writer``; the rows written."""
+    client = subprocess.Popen([_binary("mariadb"), "-u", "root", "-h", "127.0.0.1", "-P", str(m.port),
+                               f"--database={db}"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert client.stdin is not None
+    interval = per_tx / rate
+    next_id, began = first_id, time.monotonic()
+    ticks = int(seconds / interval)
+    for i in range(ticks):
+        values = ",".join(f"({k},1,'x')" for k in range(next_id, next_id + per_tx))
+        client.stdin.write(f"INSERT INTO narrow (id, a, b) VALUES {values};\n".encode())
+        client.stdin.flush()
+        next_id += per_tx
+        delay = began + (i + 1) * interval - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    client.stdin.close()
+    if client.wait(timeout=300) != 0:
+        raise RuntimeError(f"the small-transaction writer's mariadb client exited with {client.returncode}")
+    return ticks * per_tx
+
+
 def maria_snapshot(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Row]:
     work.mkdir(parents=True)
     db = m.create_database("bench_snapshot")
