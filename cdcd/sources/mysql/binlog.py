@@ -28,6 +28,7 @@ from pymysqlreplication import row_event as rows
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, event_count
 from cdcd.sockets import keepalive
+from cdcd.sources.mysql.columnar import BlockBuilder
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.failures import TRANSIENT_CODES
 from cdcd.sources.mysql.tls import Tls
@@ -60,9 +61,12 @@ class Stopped(Exception):
     """The reader was stopped on purpose."""
 
 
-def _weight(item: Item) -> int:
-    """What an item counts for in the channel's bound: its rows (a ChangeBlock holds thousands), at least 1."""
-    return max(1, event_count(item))
+def _weight(item: Item | BlockBuilder) -> int:
+    """What an item counts for in the channel's bound: its rows (a ChangeBlock or a BlockBuilder still to be
+    built holds thousands), at least 1."""
+    if type(item) is BlockBuilder:
+        return max(1, item.rows)
+    return max(1, event_count(item))  # type: ignore[arg-type]
 
 
 class Channel:

@@ -51,6 +51,7 @@ class BlockBuilder:
     def __init__(self, schema: TableSchema, convert: list[tuple[str, Converter]], fast: TableDecoder,
                  start: MySqlPosition, tx_id: str, commit_ts: datetime) -> None:
         self.schema = schema
+        self.convert = convert
         self.fast = fast
         self.start = start
         self.tx_id = tx_id
@@ -158,10 +159,7 @@ class BlockBuilder:
         counts = [e[1] for e in self.events]
         ops = pa.array(np.repeat(np.array(codes, dtype=object), counts), pa.string()) if len(codes) > 1 else \
             pa.array([codes[0]] * n, pa.string())
-        seqs = None
-        if len(self.events) > 1 and any(e[2] != self.events[0][2] + sum(counts[:k]) for k, e in
-                                        enumerate(self.events)):
-            seqs = pa.array(np.concatenate([np.arange(e[2], e[2] + e[1], dtype=np.int64) for e in self.events]))
+        seqs = _seqs(self.events)
         unavailable = None
         if any(e[3] for e in self.events):
             per_row: list[tuple[str, ...]] = []
@@ -204,6 +202,64 @@ class BlockBuilder:
                 old += count
             row += count
         return pa.array(out) if out.any() else None
+
+
+def _seqs(events: list[tuple[str, int, int, tuple[str, ...]]]) -> pa.Array | None:
+    """Each row's seq when the rows events' seqs are not consecutive from the first event's (None: they are)."""
+    if len(events) < 2:
+        return None
+    firsts = np.fromiter((e[2] for e in events), np.int64, len(events))
+    counts = np.fromiter((e[1] for e in events), np.int64, len(events))
+    if (firsts[1:] == firsts[:-1] + counts[:-1]).all():
+        return None
+    return pa.array(np.concatenate([np.arange(f, f + c, dtype=np.int64) for f, c in
+                                    zip(firsts.tolist(), counts.tolist(), strict=True)]))
+
+
+def build_blocks(items: list[Any]) -> list[Any]:
+    """``items`` with each ``BlockBuilder`` (the rows of one table in one transaction, handed on unbuilt by a
+    ``Decoder(defer_builds=True)``) replaced by its ``ChangeBlock``.
+
+    The builders of one table shape are converted together and each gets a zero-copy slice with its own start,
+    transaction and commit time: with small transactions a build per transaction was most of the cost (one
+    per transaction's commit), and the binlog thread cannot wait for the next transaction without blocking,
+    so the stream builds in the event loop what piled up since it last looked.
+    """
+    groups: dict[tuple[int, int, int], list[BlockBuilder]] = {}
+    for item in items:
+        if type(item) is BlockBuilder:
+            groups.setdefault((id(item.schema), id(item.fast), id(item.convert)), []).append(item)
+    if not groups:
+        return items
+    built: dict[int, ChangeBlock] = {}
+    for group in groups.values():
+        if len(group) == 1:
+            built[id(group[0])] = group[0].build()
+            continue
+        whole = _merged(group).build()
+        at = 0
+        for b in group:
+            part = whole.slice(at, b.rows)
+            part.start, part.tx_id, part.commit_ts, part.seqs = b.start, b.tx_id, b.commit_ts, _seqs(b.events)
+            built[id(b)] = part
+            at += b.rows
+    return [built[id(item)] if type(item) is BlockBuilder else item for item in items]
+
+
+def _merged(group: list[BlockBuilder]) -> BlockBuilder:
+    """One builder holding the rows of ``group`` (builders of one table shape), in order."""
+    first = group[0]
+    out = BlockBuilder(first.schema, first.convert, first.fast, first.start, first.tx_id, first.commit_ts)
+    for b in group:
+        for mine, theirs in zip(out.data, b.data, strict=True):
+            mine.extend(theirs)
+        for mine, theirs in zip(out.before, b.before, strict=True):
+            mine.extend(theirs)
+        out.zero |= b.zero
+        out.events.extend(b.events)
+        out.rows += b.rows
+        out.size += b.size
+    return out
 
 
 def decimal_of(digits: int, scale: int) -> Decimal:

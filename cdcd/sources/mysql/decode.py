@@ -83,9 +83,11 @@ class Decoder:
     """Turns the binlog event sequence of one connection into items."""
 
     def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str,
-                 epoch: int = 0, columnar: bool = True) -> None:
+                 epoch: int = 0, columnar: bool = True, defer_builds: bool = False) -> None:
         self.flavor = flavor
         self.columnar = columnar  # row changes as ChangeBlocks; False: one ChangeEvent per row
+        #: hand on each block's BlockBuilder unbuilt, for ``columnar.build_blocks`` (the stream's event loop)
+        self.defer_builds = defer_builds
         self.epoch = epoch  # the server epoch of every position (cdcd.positions.MySqlPosition)
         self.tables = tables
         self.history = history
@@ -114,6 +116,8 @@ class Decoder:
         block = self._block
         assert block is not None
         self._block = None
+        if self.defer_builds:
+            return block  # type: ignore[return-value]  # built by columnar.build_blocks before anyone reads it
         return block.build()
 
     def gtids_read(self) -> GtidSet:

@@ -26,6 +26,7 @@ from cdcd.errors import SourceError
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, TableSchema
 from cdcd.positions import MySqlPosition, Position
 from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
+from cdcd.sources.mysql.columnar import build_blocks
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.snapshot import SnapshotTask, Snapshotter, load_table_schema
 
@@ -129,7 +130,8 @@ class MySqlStream:
         start = self.start
         loop = asyncio.get_running_loop()
         channel = Channel(loop, QUEUE_ITEMS)
-        decoder = Decoder(src.flavor, src.tables, src.history, start.file, start.gtid, src._epoch, self.columnar)
+        decoder = Decoder(src.flavor, src.tables, src.history, start.file, start.gtid, src._epoch, self.columnar,
+                          defer_builds=True)
         dbs = sorted({t.schema for t in src.tables})
         names = sorted({t.name for t in src.tables})
         reader = BinlogReader(src.conn.binlog_settings(STALL_S), src.server_id, src.flavor, start, decoder, dbs,
@@ -145,6 +147,7 @@ class MySqlStream:
                 chunk = await channel.get_many()
                 if not chunk:
                     return  # stopped
+                chunk = build_blocks(chunk)
                 for item in chunk:
                     skip = self.resend_skip
                     if skip is not None:

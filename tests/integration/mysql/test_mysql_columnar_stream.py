@@ -28,7 +28,7 @@ from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, TableId
 from cdcd.sinks.arrow import block_to_table, events_to_table
 from cdcd.sources.mysql import decode
 from cdcd.sources.mysql.binlog import _EVENTS
-from cdcd.sources.mysql.columnar import BLOCK_ROWS
+from cdcd.sources.mysql.columnar import BLOCK_ROWS, BlockBuilder, build_blocks
 from cdcd.sources.mysql.schema import SchemaHistory
 
 _server_ids = itertools.count(7301)
@@ -159,14 +159,15 @@ def _run_workload(conn: pymysql.connections.Connection, seed: int) -> None:
         cur.execute("INSERT INTO done VALUES (1)")
 
 
-def _decode_all(server: MariaDBServer, db: str, start: tuple[str, int], columnar: bool) -> list[Item]:
+def _decode_all(server: MariaDBServer, db: str, start: tuple[str, int], columnar: bool,
+                defer_builds: bool = False) -> list[Item]:
     reader = BinLogStreamReader(
         connection_settings={"host": "127.0.0.1", "port": server.port, "user": "root", "password": ""},
         server_id=next(_server_ids), log_file=start[0], log_pos=start[1], resume_stream=True, blocking=False,
         only_events=_EVENTS, only_schemas=[db], filter_non_implemented_events=False,
     )
     decoder = decode.Decoder("mariadb", {TableId(db, t) for t in TABLES}, SchemaHistory(), start[0], "",
-                             columnar=columnar)
+                             columnar=columnar, defer_builds=defer_builds)
     out: list[Item] = []
     try:
         for ev in reader:
@@ -208,6 +209,20 @@ def test_columnar_stream_equals_the_row_path_event_by_event(maria_server: MariaD
         conn.close()
     col_items = _decode_all(maria_server, maria_db, start, columnar=True)
     row_items = _decode_all(maria_server, maria_db, start, columnar=False)
+    # the stream's way: blocks handed on unbuilt, then every transaction's blocks of one table built together
+    deferred = _decode_all(maria_server, maria_db, start, columnar=True, defer_builds=True)
+    assert any(isinstance(i, BlockBuilder) for i in deferred)
+    together = build_blocks(deferred)
+    assert not any(isinstance(i, BlockBuilder) for i in together)
+    assert len(together) == len(col_items)
+    for a, b in zip(together, col_items, strict=True):
+        assert type(a) is type(b)
+        if isinstance(a, ChangeBlock):
+            assert isinstance(b, ChangeBlock)
+            assert (a.start, a.tx_id, a.commit_ts, a.rows, a.positions()) == \
+                (b.start, b.tx_id, b.commit_ts, b.rows, b.positions())
+            assert [_describe(e) for e in a.events()] == [_describe(e) for e in b.events()]
+            assert block_to_table(a.schema, 7, 3, a).to_pylist() == block_to_table(b.schema, 7, 3, b).to_pylist()
 
     blocks = [i for i in col_items if isinstance(i, ChangeBlock)]
     assert blocks and all(b.rows for b in blocks)
