@@ -38,6 +38,12 @@ from cdcd.sources.mysql.types import ZERO_DATE, Converter, ZeroValue, _stream_ti
 #: A block is cut at this many rows or row-image bytes: bounds what a block holds while it is gathered and
 #: converted, and is enough rows for the per-column work to pay.
 BLOCK_ROWS = 8192
+#: Blocks of fewer rows and row-image bytes are handed on unbuilt and built together in the event loop
+#: (``build_blocks``): their build costs more than their rows. Larger ones are built in the binlog thread,
+#: beside the loop's work, and wait as Arrow arrays rather than Python lists (the wide stream of 1,000-row
+#: transactions: peak RSS 134 MB built in the thread, 231 MB when every block waited unbuilt).
+DEFER_ROWS = 1024
+DEFER_BYTES = 64 << 10
 BLOCK_BYTES = 1 << 20
 _CODES = {"write": "c", "update": "u", "delete": "d"}
 _TS_UTC = pa.timestamp("us", tz="UTC")

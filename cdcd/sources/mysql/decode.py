@@ -30,7 +30,7 @@ from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition, binlog_index
 from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
-from cdcd.sources.mysql.columnar import BlockBuilder
+from cdcd.sources.mysql.columnar import DEFER_BYTES, DEFER_ROWS, BlockBuilder
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
 from cdcd.sources.mysql.rowimage import TableDecoder, compile_table, table_map_signature
 from cdcd.sources.mysql.schema import (
@@ -86,7 +86,7 @@ class Decoder:
                  epoch: int = 0, columnar: bool = True, defer_builds: bool = False) -> None:
         self.flavor = flavor
         self.columnar = columnar  # row changes as ChangeBlocks; False: one ChangeEvent per row
-        #: hand on each block's BlockBuilder unbuilt, for ``columnar.build_blocks`` (the stream's event loop)
+        #: hand on small blocks' BlockBuilders unbuilt (DEFER_ROWS, DEFER_BYTES), for ``columnar.build_blocks``
         self.defer_builds = defer_builds
         self.epoch = epoch  # the server epoch of every position (cdcd.positions.MySqlPosition)
         self.tables = tables
@@ -116,7 +116,7 @@ class Decoder:
         block = self._block
         assert block is not None
         self._block = None
-        if self.defer_builds:
+        if self.defer_builds and block.rows < DEFER_ROWS and block.size < DEFER_BYTES:
             return block  # type: ignore[return-value]  # built by columnar.build_blocks before anyone reads it
         return block.build()
 
