@@ -8,6 +8,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,26 +205,11 @@ def maria_small_tx(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[
 
 
 def _maria_steady_writer(m: MariaDBServer, db: str, rate: int, per_tx: int, seconds: float, first_id: int) -> int:
-    """Insert ``rate`` rows/s into ``narrow`` in autocommitted statements of ``per_tx`` rows, through one client,
-    paced from the start time as ``_steady_writer``; the rows written."""
-    client = subprocess.Popen([_binary("mariadb"), "-u", "root", "-h", "127.0.0.1", "-P", str(m.port),
-                               f"--database={db}"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    assert client.stdin is not None
-    interval = per_tx / rate
-    next_id, began = first_id, time.monotonic()
-    ticks = int(seconds / interval)
-    for i in range(ticks):
-        values = ",".join(f"({k},1,'x')" for k in range(next_id, next_id + per_tx))
-        client.stdin.write(f"INSERT INTO narrow (id, a, b) VALUES {values};\n".encode())
-        client.stdin.flush()
-        next_id += per_tx
-        delay = began + (i + 1) * interval - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-    client.stdin.close()
-    if client.wait(timeout=300) != 0:
-        raise RuntimeError(f"the small-transaction writer's mariadb client exited with {client.returncode}")
-    return ticks * per_tx
+    """``_paced_inserts`` through one mariadb client: autocommitted statements of ``per_tx`` rows."""
+    client = [_binary("mariadb"), "-u", "root", "-h", "127.0.0.1", "-P", str(m.port), f"--database={db}"]
+    return _paced_inserts(client, lambda lo, hi: "INSERT INTO narrow (id, a, b) VALUES "
+                          + ",".join(f"({k},1,'x')" for k in range(lo, hi + 1)) + ";",
+                          rate, per_tx, seconds, first_id, "the small-transaction writer's mariadb client")
 
 
 def maria_snapshot(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Row]:
@@ -359,29 +345,36 @@ def _pct(values: list[float], q: float) -> float:
 
 def _steady_writer(pg: PostgresServer, db: str, rate: int, per_tx: int, seconds: float,
                    first_id: int = 10_000_000) -> int:
-    """Insert ``rate`` rows/s in transactions of ``per_tx`` rows for ``seconds``, through one psql session.
+    """``_paced_inserts`` through one psql session: transactions of ``per_tx`` rows."""
+    psql = [str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", db]
+    return _paced_inserts(psql, lambda lo, hi: "INSERT INTO narrow (id, a, b) SELECT g, 1, 'x' FROM "
+                          f"generate_series({lo},{hi}) g;", rate, per_tx, seconds, first_id,
+                          "the latency writer's psql")
+
+
+def _paced_inserts(client: list[str], statement: Callable[[int, int], str], rate: int, per_tx: int,
+                   seconds: float, first_id: int, what: str) -> int:
+    """Feed ``client`` (a SQL client reading stdin) one ``statement(lo, hi)`` (ids lo..hi) per ``per_tx`` rows
+    at ``rate`` rows/s for ``seconds``; the rows written.
 
     Paced from the start time (a late statement is followed at once by the next), so a writer that cannot
     keep up shows in the achieved commit rate the caller measures from the landed commit times.
     """
-    psql = subprocess.Popen([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
-                             "postgres", "-d", db], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    assert psql.stdin is not None
+    proc = subprocess.Popen(client, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert proc.stdin is not None
     interval = per_tx / rate
     next_id, began = first_id, time.monotonic()
     ticks = int(seconds / interval)
     for i in range(ticks):
-        lo, hi = next_id, next_id + per_tx - 1
-        psql.stdin.write(f"INSERT INTO narrow (id, a, b) SELECT g, 1, 'x' FROM generate_series({lo},{hi}) g;\n"
-                         .encode())
-        psql.stdin.flush()
+        proc.stdin.write((statement(next_id, next_id + per_tx - 1) + "\n").encode())
+        proc.stdin.flush()
         next_id += per_tx
         delay = began + (i + 1) * interval - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    psql.stdin.close()
-    if psql.wait(timeout=300) != 0:
-        raise RuntimeError(f"the latency writer's psql exited with {psql.returncode}")
+    proc.stdin.close()
+    if proc.wait(timeout=300) != 0:
+        raise RuntimeError(f"{what} exited with {proc.returncode}")
     return ticks * per_tx
 
 
