@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from cdcd.landing.reader import LandedFile
-from cdcd.spark.facts import RANGED, Facts, KeyRange, landed_facts
+from cdcd.spark.facts import RANGED, Facts, KeyRange, landed_facts, truncates_no_row
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
 from cdcd.spark.rule import (
     KIND,
@@ -89,11 +89,12 @@ def spark_facts(events: DataFrame, key: list[str]) -> Facts:
         F.least(F.min(k0), F.min(old)) if ranged else F.lit(None),
         F.greatest(F.max(k0), F.max(old)) if ranged else F.lit(None),
         nulls,
+        F.min(F.when(rows, F.col("_cdc_pos"))),
     ).first()
     assert row is not None
     found = Facts(int(row[0]), row[1], set(row[2] or ()), int(row[3]),
                   key_range=KeyRange(key[0], row[5], row[6], int(row[7]) > 0) if ranged else None)
-    if not found.key_changes and not found.unavailable and found.truncate_pos is None:
+    if not found.key_changes and not found.unavailable and truncates_no_row(found.truncate_pos, row[8]):
         # a separate aggregate: next to the ones above, Spark would group those by key as well
         keys = events.filter(rows).select(*key).dropna().distinct().count()
         found.unique = keys == int(row[4])

@@ -44,7 +44,9 @@ class Facts:
     truncate_pos: str | None = None
     unavailable: set[str] = field(default_factory=set)
     key_changes: int = 0
-    unique: bool = False  # every key has one row event (no truncate counted): no per-key ordering needed
+    #: Every key has one row event (truncates not counted), none of them below a truncate of the same merge:
+    #: no per-key ordering needed (the truncate is its own statement, before the mirror's).
+    unique: bool = False
     key_range: KeyRange | None = None  # of the first key column over every key the events name
     #: Delete events (None: not counted, as by the Spark aggregate: only the pyarrow facts count them).
     deletes: int | None = field(default=None, compare=False)
@@ -121,6 +123,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
     highs: list[Any] = []
     rows = nulls = 0
     truncates: list[str] = []
+    first_rows: list[str] = []  # per file, the lowest position of its row events
     for t in tables:
         found.events += t.num_rows
         is_row = pc.not_equal(t["_cdc_op"], "t")
@@ -129,6 +132,8 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
             truncates.append(str(pc.max(cut["_cdc_pos"]).as_py()))
         body = t.filter(is_row)
         rows += body.num_rows
+        if body.num_rows:
+            first_rows.append(str(pc.min(body["_cdc_pos"]).as_py()))
         deletes += int(pc.sum(pc.equal(t["_cdc_op"], "d")).as_py() or 0)
         if "_cdc_unavailable" in t.column_names:
             found.unavailable |= {str(v) for v in pc.unique(pc.list_flatten(t["_cdc_unavailable"])).to_pylist()
@@ -159,9 +164,16 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
     found.deletes = deletes
     if ranged:
         found.key_range = KeyRange(first, _extreme(lows, min), _extreme(highs, max), nulls > 0)
-    if not found.key_changes and not found.unavailable and found.truncate_pos is None:
+    if (not found.key_changes and not found.unavailable
+            and truncates_no_row(found.truncate_pos, min(first_rows) if first_rows else None)):
         found.unique = _distinct_keys(tables, key) == rows
     return found
+
+
+def truncates_no_row(truncate_pos: str | None, first_row_pos: str | None) -> bool:
+    """Whether the merge's truncate (if any) removes none of its row events: they all come at or after it
+    (``_cdc_pos >= truncate_pos`` stays), as in a snapshot, which lands its truncate first."""
+    return truncate_pos is None or first_row_pos is None or first_row_pos >= truncate_pos
 
 
 def _distinct_keys(tables: list[pa.Table], key: list[str]) -> int:

@@ -9,11 +9,15 @@ Iceberg's skipped data files), what it rewrote from the table's own commit (Delt
 ``DESCRIBE HISTORY`` operationMetrics, Iceberg's snapshot summary). Without the bound,
 Delta reads every file (checked: 40 of 40 after skipping). Iceberg prunes with or without it:
 Spark filters the target of a row-level command at run time by the source's keys.
+
+A mirror built from a snapshot (a truncate first, so the landed files cannot be its files) is written
+range-partitioned by key (``lakehouse.in_key_ranges``): its files hold disjoint key ranges whatever
+Spark's task layout, which the pruning needs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +48,6 @@ def small_batch() -> list[ChangeEvent]:
     out = [ev(Op.UPDATE, 10_000, i, schema=ITEMS, before={"id": lo + i}, after={"id": lo + i, "v": "second"})
            for i in range(100)]
     return [*out, ev(Op.DELETE, 10_000, 100, schema=ITEMS, before={"id": lo + 100})]
-
-
-@pytest.fixture
-def one_file_per_landed_file(spark: Any) -> Iterator[None]:
-    """The first application writes one mirror file per landed file (each its own input split)."""
-    spark.conf.set("spark.sql.files.maxPartitionBytes", "1m")
-    try:
-        yield
-    finally:
-        spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
 
 def apply(landing: Path, target: Path, fmt: str) -> None:
@@ -90,10 +84,13 @@ def sql_metrics(spark: Any, node: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 async def test_a_small_batch_reads_and_rewrites_a_small_part_of_a_large_mirror(
-    spark: Any, tmp_path: Path, fmt: str, one_file_per_landed_file: None
+    spark: Any, tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from cdcd.spark import lakehouse
     from cdcd.spark.lakehouse import Names
 
+    # a mirror file per landed batch: Delta adopts the landed files, Iceberg writes the rows in key ranges
+    monkeypatch.setattr(lakehouse, "ROWS_PER_MIRROR_FILE", PER_FILE)
     landing, target = tmp_path / "landing", tmp_path / "target"
     await land(landing, batches(), list(range(1, FILES + 1)))
     apply(landing, target, fmt)
@@ -127,6 +124,49 @@ async def test_a_small_batch_reads_and_rewrites_a_small_part_of_a_large_mirror(
         assert int(summary.get("deleted-data-files", "0")) == 0, summary
         assert int(summary.get("added-delete-files", "0")) <= 2, summary
         assert int(summary.get("added-data-files", "0")) <= 2, summary
+
+
+def snapshot_batches() -> list[list[ChangeEvent]]:
+    """What the daemon lands for a table's initial snapshot (``events.snapshot_truncates``): a truncate at the
+    snapshot's position, then every row at that position, in key order, in batches of PER_FILE rows."""
+    reads = [ev(Op.READ, 100, 0, schema=ITEMS, after={"id": i, "v": "first"}, snapshot=True)
+             for i in range(1, ROWS + 1)]
+    truncate = ChangeEvent(Op.TRUNCATE, ITEMS, reads[0].position, snapshot=True)
+    return [([truncate] if b == 0 else []) + reads[b * PER_FILE:(b + 1) * PER_FILE] for b in range(FILES)]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+async def test_a_mirror_built_from_a_snapshot_is_written_in_key_ranges(
+    spark: Any, tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new mirror's files hold disjoint key ranges whatever Spark's task layout (default settings here), so the
+    MERGE of a small batch reads one or two of them. Written as they came, the snapshot's rows went through the
+    per-key collapse (its truncate rules out the one-event-per-key shortcut) and every file spanned every key."""
+    from cdcd.spark import lakehouse
+    from cdcd.spark.lakehouse import Names
+
+    monkeypatch.setattr(lakehouse, "ROWS_PER_MIRROR_FILE", ROWS // 8)
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    await land(landing, snapshot_batches(), list(range(1, FILES + 1)))
+    apply(landing, target, fmt)
+    ref = Names(fmt, target).mirror("public", "items")
+    ranges = sorted((r["lo"], r["hi"]) for r in spark.sql(
+        f"SELECT input_file_name() AS f, min(id) AS lo, max(id) AS hi FROM {ref} GROUP BY f").collect())
+    assert len(ranges) >= 8, ranges
+    assert all(hi < lo for (_, hi), (lo, _) in itertools.pairwise(ranges)), f"file key ranges overlap: {ranges}"
+    assert spark.table(ref).count() == ROWS
+
+    await land(landing, [small_batch()], [FILES + 1])
+    apply(landing, target, fmt)
+    assert spark.table(ref).count() == ROWS - 1
+    assert spark.table(ref).where("v = 'second'").count() == 100
+    if fmt == "delta":
+        merge = sql_metrics(spark, "Execute MergeIntoCommand")
+        assert merge["number of target files before skipping"] >= 8, merge
+        assert merge["number of target files after skipping"] <= 2, merge
+    else:
+        scan = sql_metrics(spark, "BatchScan cdcd.tables.public.items")
+        assert scan["number of result data files"] <= 2, scan
 
 
 NOKEY = TableSchema(TableId("public", "nokey"),
