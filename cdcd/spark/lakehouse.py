@@ -291,6 +291,7 @@ class Statements:
     truncate: str | None
     mirror_merge: str
     mirror_insert: str  # instead of mirror_merge when the mirror was created by this batch
+    mirror_holds_a_key: str  # a row when the mirror holds a key of the batch (``_appends_new_keys``)
 
 
 def statements(p: Prepared, names: Names, schema: str, table: str, log_have: StructType | None,
@@ -310,6 +311,7 @@ def statements(p: Prepared, names: Names, schema: str, table: str, log_have: Str
         sql.truncate_before(mirror, p.facts.truncate_pos) if p.facts.truncate_pos is not None else None,
         sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep, prune),
         sql.mirror_insert(mirror, sources[1], p.mirror_columns),
+        sql.holds_a_key(mirror, sources[1], p.key, prune),
     )
 
 
@@ -534,6 +536,10 @@ def _apply_mirror(spark: SparkSession, names: Names, schema: str, table: str, p:
         _delta_append(in_key_ranges(rows, p), names.location("tables", schema, table), "mirror", seq)
         return
     _register(spark, in_key_ranges(p.mirror, p) if created else p.mirror, view)
+    if names.fmt == "delta" and _appends_new_keys(spark, p, plan, have):
+        rows = p.mirror.select(*[F.col(c) for c in p.mirror_columns])
+        _delta_append(in_key_ranges(rows, p), names.location("tables", schema, table), "mirror", seq)
+        return
     with recorded(spark, names.fmt, "mirror", seq):
         # a retry after a crash finds the mirror created (not empty, perhaps): MERGE
         _run(spark, [plan.mirror_insert if created else plan.mirror_merge])
@@ -562,6 +568,20 @@ def adoptable_mirror(p: Prepared, files: list[LandedFile]) -> bool:
     return (p.facts.unique and p.facts.deletes == 0 and p.facts.truncate_pos is None
             and len(p.facts.file_ranges) == len(files)
             and one_version(files) and plain_names(mirror_schema(p)))
+
+
+def _appends_new_keys(spark: SparkSession, p: Prepared, plan: Statements, have: StructType | None) -> bool:
+    """Whether the batch's rows can be appended to an existing mirror, in key ranges, instead of MERGEd: one
+    insert or update per key and no delete (``Facts.unique``), the mirror's schema the batch's, and none of
+    the keys in the mirror (asked of it: ``plan.mirror_holds_a_key``, after the truncate if there is one).
+    Then the MERGE would insert every row; its inserted rows would be laid out by a hash of the key (its
+    join's), so each file of a large catch-up (a snapshot applied in several merges) would span the whole
+    range of the batch's keys, which later small batches then read."""
+    if not p.facts.unique or p.facts.deletes != 0 or have is None or plan.mirror_ddl:
+        return False
+    if not same_columns(mirror_schema(p), have):
+        return False
+    return not spark.sql(plan.mirror_holds_a_key).take(1)
 
 
 def _new_keys_only(spark: SparkSession, names: Names, schema: str, table: str, p: Prepared, plan: Statements,

@@ -142,6 +142,13 @@ def mirror_merge(table: str, source: str, key: Sequence[str], columns: Sequence[
     )
 
 
+def holds_a_key(table: str, source: str, key: Sequence[str], prune: str | None = None) -> str:
+    """A query giving one row when the table holds a key of the source, none otherwise; ``prune``
+    (``key_range``) lets the format read only the files that may hold one."""
+    on = f"{prune} AND {_key_match(key)}" if prune else _key_match(key)
+    return f"SELECT 1 FROM {table} t LEFT SEMI JOIN {source} s ON {on} LIMIT 1"
+
+
 def changelog_merge(
     table: str, source: str, key: Sequence[str], columns: Sequence[str], lowest: str, highest: str
 ) -> str:

@@ -135,17 +135,20 @@ def snapshot_batches() -> list[list[ChangeEvent]]:
     return [([truncate] if b == 0 else []) + reads[b * PER_FILE:(b + 1) * PER_FILE] for b in range(FILES)]
 
 
-@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+@pytest.mark.parametrize(("fmt", "merges"), [("delta", 1), ("iceberg", 1), ("delta", 4)])
 async def test_a_mirror_built_from_a_snapshot_is_written_in_key_ranges(
-    spark: Any, tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path, fmt: str, merges: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new mirror's files hold disjoint key ranges whatever Spark's task layout (default settings here), so the
     MERGE of a small batch reads one or two of them. Written as they came, the snapshot's rows went through the
-    per-key collapse (its truncate rules out the one-event-per-key shortcut) and every file spanned every key."""
-    from cdcd.spark import lakehouse
+    per-key collapse (its truncate rules out the one-event-per-key shortcut) and every file spanned every key.
+    A snapshot applied in several merges (``MAX_SEGMENT_EVENTS``) appends each later part in key ranges too:
+    a MERGE laid its inserted rows out by a hash of the key (files each spanning the part's keys)."""
+    from cdcd.spark import job, lakehouse
     from cdcd.spark.lakehouse import Names
 
-    monkeypatch.setattr(lakehouse, "ROWS_PER_MIRROR_FILE", ROWS // 8)
+    monkeypatch.setattr(lakehouse, "ROWS_PER_MIRROR_FILE", ROWS // 8 // merges)
+    monkeypatch.setattr(job, "MAX_SEGMENT_EVENTS", ROWS // merges)
     landing, target = tmp_path / "landing", tmp_path / "target"
     await land(landing, snapshot_batches(), list(range(1, FILES + 1)))
     apply(landing, target, fmt)
