@@ -161,7 +161,11 @@ class Runtime:
         try:
             await self._pause_reading()
             try:
-                await asyncio.wait_for(self._flush_and_drain(), grace)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose the cancellation it sends
+                # when the coroutine's own inner timeout fires at the same moment, and then waits for a drain
+                # that never comes (a stop that hung past its grace period, consumed mode, loaded machine)
+                async with asyncio.timeout(grace):
+                    await self._flush_and_drain()
             except TimeoutError:
                 self.state = RuntimeState.RUNNING  # reading stays paused; force_stop() may follow
                 pending = self._pending_events()
@@ -297,22 +301,28 @@ class Runtime:
             await self.stop()
 
     async def _time(self) -> None:
+        held = False  # the last pass found the open batch due but could not seal it
         while True:
             left = self._batcher.time_left()
             if left is None:
                 self._batch_opened.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._batch_opened.wait(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await self._batch_opened.wait()
             else:
-                await asyncio.sleep(min(1.0, max(left, 0.0)))
+                # a due batch that cannot be sealed (the hand-over full, or stopping) is looked at again
+                # after HELD_POLL_S, not at once: sleep(0) in a loop held a core until the batch could go
+                await asyncio.sleep(min(1.0, max(left, HELD_POLL_S if held else 0.0)))
             self.stats.last_tick = time.monotonic()
             if self.on_tick is not None:
                 self.on_tick()
             left = self._batcher.time_left()
             # Never block here: the watchdog must keep ticking while backpressure holds the reader.
-            due = left is not None and left <= 0 and not self._handoff.full()
-            if due and self.state is RuntimeState.RUNNING and "reader" in self._tasks:
+            due = left is not None and left <= 0
+            sealable = not self._handoff.full() and self.state is RuntimeState.RUNNING and "reader" in self._tasks
+            if due and sealable:
                 self._handoff.put_nowait(self._seal())
+            held = due and not sealable
 
     def _seal(self) -> Batch:
         batch = self._batcher.seal(self._next_seq)
@@ -500,7 +510,8 @@ class Runtime:
             if self._barrier.committable():
                 await self._commit()  # a save that fails is retried here each second, and by the timer
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._barrier.wait_drained(), 1.0)
+                async with asyncio.timeout(1.0):  # a stop's grace timeout cancels through it (see stop)
+                    await self._barrier.wait_drained()
 
     def _pending_events(self) -> int:
         queued = sum(b.event_count for b in self._handoff._queue)  # type: ignore[attr-defined]
@@ -535,6 +546,10 @@ class Runtime:
                         self._done.set_exception(error)
                 self._log.info("runtime stopped", graceful=graceful, committed_batch=self._barrier.committed_seq,
                                events_committed=self.stats.events_committed)
+
+
+#: How often the timer looks again at a batch that is due but cannot be sealed yet.
+HELD_POLL_S = 0.01
 
 
 def _handoff_capacity() -> int:

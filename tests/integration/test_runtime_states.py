@@ -133,3 +133,33 @@ async def test_cancelled_stop_returns_to_running_for_force_stop(
     assert rt.state is RuntimeState.RUNNING
     dropped = await rt.force_stop()
     assert rt.state is RuntimeState.STOPPED and len(dropped) > 0
+
+
+async def test_a_due_batch_that_cannot_be_sealed_does_not_spin_the_timer(
+    pg_server: PostgresServer, items_db: str, tmp_path: Path
+) -> None:
+    """Consumed mode without a consumer: the in-flight batches are never acked, the hand-over fills, and the
+    open batch comes due with nowhere to go. The timer looks at it again every HELD_POLL_S; it used to call
+    sleep(0) in a loop (a core held at 100 % until a stop or force stop, and a stop that then hung)."""
+    config = _config(pg_server, items_db, tmp_path, "consumed", grace=1.5)
+    rt = _runtime(config)
+    ticks = 0
+
+    def tick() -> None:
+        nonlocal ticks
+        ticks += 1
+
+    rt.on_tick = tick
+    await rt.start()
+    await _wait_for(lambda: rt.stats.batches_delivered >= 1)
+    pg_server.psql("INSERT INTO items SELECT g, 'more' FROM generate_series(1000, 1002) g", items_db)
+    await _wait_for(lambda: rt._handoff.full() and (rt._batcher.time_left() or 1.0) < 0)
+    ticks = 0
+    await asyncio.sleep(1.0)
+    # at most one pass per HELD_POLL_S (0.01 s) plus slack; the spinning timer made tens of thousands
+    assert ticks <= 300, ticks
+    with pytest.raises(StateError, match="uncommitted events remain"):
+        await rt.stop()
+    assert rt.state is RuntimeState.RUNNING
+    assert len(await rt.force_stop()) > 0
+    assert rt.state is RuntimeState.STOPPED
