@@ -50,6 +50,8 @@ class Facts:
     key_range: KeyRange | None = None  # of the first key column over every key the events name
     #: Delete events (None: not counted, as by the Spark aggregate: only the pyarrow facts count them).
     deletes: int | None = field(default=None, compare=False)
+    #: Update events, counted the same way (None from the Spark aggregate).
+    updates: int | None = field(default=None, compare=False)
     #: Per landed file, the lowest and highest value and the NULL count of the first key column of its row
     #: events (None: not a ranged type), for the statistics of a landed file that becomes a mirror file as it
     #: is (``cdcd.spark.adopt``); empty from the Spark aggregate.
@@ -118,7 +120,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
     first = key[0]
     ranged = isinstance(types[first], RANGED) if types is not None else arrow_ranged(tables[0].schema.field(first).type)
     found = Facts()
-    deletes = 0
+    deletes = updates = 0
     lows: list[Any] = []
     highs: list[Any] = []
     rows = nulls = 0
@@ -135,6 +137,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
         if body.num_rows:
             first_rows.append(str(pc.min(body["_cdc_pos"]).as_py()))
         deletes += int(pc.sum(pc.equal(t["_cdc_op"], "d")).as_py() or 0)
+        updates += int(pc.sum(pc.equal(t["_cdc_op"], "u")).as_py() or 0)
         if "_cdc_unavailable" in t.column_names:
             found.unavailable |= {str(v) for v in pc.unique(pc.list_flatten(t["_cdc_unavailable"])).to_pylist()
                                   if v is not None}
@@ -161,7 +164,7 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
                 lows.append(extremes["min"].as_py())
                 highs.append(extremes["max"].as_py())
     found.truncate_pos = max(truncates) if truncates else None
-    found.deletes = deletes
+    found.deletes, found.updates = deletes, updates
     if ranged:
         found.key_range = KeyRange(first, _extreme(lows, min), _extreme(highs, max), nulls > 0)
     if (not found.key_changes and not found.unavailable

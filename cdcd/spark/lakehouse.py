@@ -572,12 +572,13 @@ def adoptable_mirror(p: Prepared, files: list[LandedFile]) -> bool:
 
 def _appends_new_keys(spark: SparkSession, p: Prepared, plan: Statements, have: StructType | None) -> bool:
     """Whether the batch's rows can be appended to an existing mirror, in key ranges, instead of MERGEd: one
-    insert or update per key and no delete (``Facts.unique``), the mirror's schema the batch's, and none of
+    insert per key, no update or delete (``Facts.unique``; an update names a key the mirror most likely holds,
+    and the question would cost every update merge a query), the mirror's schema the batch's, and none of
     the keys in the mirror (asked of it: ``plan.mirror_holds_a_key``, after the truncate if there is one).
     Then the MERGE would insert every row; its inserted rows would be laid out by a hash of the key (its
     join's), so each file of a large catch-up (a snapshot applied in several merges) would span the whole
     range of the batch's keys, which later small batches then read."""
-    if not p.facts.unique or p.facts.deletes != 0 or have is None or plan.mirror_ddl:
+    if not p.facts.unique or p.facts.deletes != 0 or p.facts.updates != 0 or have is None or plan.mirror_ddl:
         return False
     if not same_columns(mirror_schema(p), have):
         return False

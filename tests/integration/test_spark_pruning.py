@@ -56,6 +56,14 @@ def apply(landing: Path, target: Path, fmt: str) -> None:
     assert run(str(landing), str(target), once=True, fmt=fmt) == 0
 
 
+async def apply_small_batch(spark: Any, landing: Path, target: Path, fmt: str, ref: str) -> None:
+    """Land and apply ``small_batch`` after the 40 batches; the mirror then holds its changes."""
+    await land(landing, [small_batch()], [FILES + 1])
+    apply(landing, target, fmt)
+    assert spark.table(ref).count() == ROWS - 1
+    assert spark.table(ref).where("v = 'second'").count() == 100
+
+
 def sql_metrics(spark: Any, node: str) -> dict[str, int]:
     """The SQL metrics of plan node ``node`` in the last execution that has one, by metric name.
 
@@ -99,11 +107,7 @@ async def test_a_small_batch_reads_and_rewrites_a_small_part_of_a_large_mirror(
     assert files >= FILES // 2, f"the mirror should span many files, it has {files}"
     assert spark.table(ref).count() == ROWS
 
-    await land(landing, [small_batch()], [FILES + 1])
-    apply(landing, target, fmt)
-    assert spark.table(ref).count() == ROWS - 1
-    assert spark.table(ref).where("v = 'second'").count() == 100
-
+    await apply_small_batch(spark, landing, target, fmt, ref)
     if fmt == "delta":
         merge = sql_metrics(spark, "Execute MergeIntoCommand")
         assert merge["number of target files before skipping"] >= FILES // 2, merge
@@ -159,10 +163,7 @@ async def test_a_mirror_built_from_a_snapshot_is_written_in_key_ranges(
     assert all(hi < lo for (_, hi), (lo, _) in itertools.pairwise(ranges)), f"file key ranges overlap: {ranges}"
     assert spark.table(ref).count() == ROWS
 
-    await land(landing, [small_batch()], [FILES + 1])
-    apply(landing, target, fmt)
-    assert spark.table(ref).count() == ROWS - 1
-    assert spark.table(ref).where("v = 'second'").count() == 100
+    await apply_small_batch(spark, landing, target, fmt, ref)
     if fmt == "delta":
         merge = sql_metrics(spark, "Execute MergeIntoCommand")
         assert merge["number of target files before skipping"] >= 8, merge
