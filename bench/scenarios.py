@@ -96,25 +96,34 @@ def pg_snapshot(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[R
 # -- MariaDB -----------------------------------------------------------------------------------
 
 
-def _maria_position(m: MariaDBServer) -> tuple[str, int]:
+def _maria_position(m: MariaDBServer) -> tuple[str, int, str]:
+    """The binlog's end now: (file, offset, GTID position)."""
     file, pos = m.sql("SHOW MASTER STATUS").split("\t")[:2]
-    return file, int(pos)
+    return file, int(pos), m.sql("SELECT @@GLOBAL.gtid_binlog_pos").strip()
 
 
-def _bare_pymysqlreplication(m: MariaDBServer, start: tuple[str, int], rows: int) -> Timed:
-    """The floor: pymysqlreplication decoding the same binlog range, rows counted, nothing else."""
+def _bare_pymysqlreplication(m: MariaDBServer, start: tuple[str, int, str], table: str, rows: int) -> Timed:
+    """The floor: pymysqlreplication decoding the same binlog range, rows counted, nothing else.
+
+    Against MariaDB, pymysqlreplication ignores ``log_file``/``log_pos`` (it asks for the first binlog from
+    offset 4), so the reader starts at the range's GTID position instead; a row of another table means it
+    read the wrong range, which is an error, not a figure.
+    """
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
     began = time.perf_counter()
     reader = BinLogStreamReader(
         connection_settings={"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""},
-        server_id=9002, log_file=start[0], log_pos=start[1], blocking=True, resume_stream=True,
+        server_id=9002, blocking=True, auto_position=start[2],
         only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], is_mariadb=True,
     )
     seen = 0
     try:
         for event in reader:
+            if event.table != table:
+                raise RuntimeError(f"the bare pymysqlreplication loop read rows of {event.table!r}, not {table!r}: "
+                                   f"it did not start at {start}")
             seen += len(event.rows)
             if seen >= rows:
                 break
@@ -148,7 +157,7 @@ def maria_stream(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Ro
             ours = Timed(seconds, count, daemon.peak_rss_mb())
         finally:
             daemon.stop()
-        bare = _bare_pymysqlreplication(m, start, count)
+        bare = _bare_pymysqlreplication(m, start, table, count)
         c_tool = run_timed([_binary("mariadb-binlog"), "--read-from-remote-server", "-h", "127.0.0.1", "-P",
                             str(m.port), "-u", "root", f"--start-position={start[1]}", f"--stop-position={end[1]}",
                             "--verbose", start[0]], count)
