@@ -95,6 +95,23 @@ def test_unreadable_row_images_raise(body: bytes) -> None:
     assert decoder is not None
     with pytest.raises(SourceFatal, match=r"cannot decode a row image of db\.t .* ending at 999"):
         decoder.rows(event(DeleteRowsEvent, body))
+    # the columnar readers (the stream's path) refuse the same images
+    lists: list[list[Any]] = [[] for _ in COLS]
+    with pytest.raises(SourceFatal, match=r"cannot decode a row image of db\.t .* ending at 999"):
+        decoder.read_columns(event(DeleteRowsEvent, body), lists, [[] for _ in COLS], set())
+
+
+def test_columnar_decimal_is_the_int_of_its_digits() -> None:
+    """The columnar readers leave a DECIMAL as value * 10**scale, sign included; an overfull group is named."""
+    decoder = compile_table(COLS)
+    assert decoder is not None
+    data: list[list[Any]] = [[] for _ in COLS]
+    ev = event(WriteRowsEvent, row(1, "x", D_12_34) + row(2, "y", D_MINUS_1_05) + row(3, "z", None))
+    assert decoder.read_columns(ev, data, [[] for _ in COLS], set()) == 3
+    assert data[2] == [1234, -105, None]
+    with pytest.raises(SourceFatal, match=r"a DECIMAL\(4,2\) group holds 100, more digits than it may"):
+        decoder.read_columns(event(WriteRowsEvent, row(1, "x", bytes([0x80 | 100, 0]))), [[] for _ in COLS],
+                             [[] for _ in COLS], set())
 
 
 def test_declines_what_it_does_not_read() -> None:
