@@ -102,28 +102,43 @@ def _maria_position(m: MariaDBServer) -> tuple[str, int, str]:
     return file, int(pos), m.sql("SELECT @@GLOBAL.gtid_binlog_pos").strip()
 
 
+#: Seconds the bare pymysqlreplication loop waits for the server's next packet.
+BARE_READ_TIMEOUT_S = 60
+
+
 def _bare_pymysqlreplication(m: MariaDBServer, start: tuple[str, int, str], table: str, rows: int) -> Timed:
     """The floor: pymysqlreplication decoding the same binlog range, rows counted, nothing else.
 
     Against MariaDB, pymysqlreplication ignores ``log_file``/``log_pos`` (it asks for the first binlog from
     offset 4), so the reader starts at the range's GTID position instead; a row of another table means it
-    read the wrong range, which is an error, not a figure.
+    read the wrong range, which is an error, not a figure. Every read has ``read_timeout``: after one
+    (fewer rows than expected, or a silent server) pymysqlreplication reconnects and reads the range again
+    from its start, which is refused rather than counting rows twice. (``blocking=False`` is no way out:
+    against MariaDB with a GTID start the server drops such a stream part-way, and the library reconnects.)
     """
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
     began = time.perf_counter()
     reader = BinLogStreamReader(
-        connection_settings={"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": ""},
+        connection_settings={"host": "127.0.0.1", "port": m.port, "user": "root", "passwd": "",
+                             "read_timeout": BARE_READ_TIMEOUT_S},
         server_id=9002, blocking=True, auto_position=start[2],
         only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], is_mariadb=True,
     )
     seen = 0
+    first: object = None  # the stream connection the rows came through
     try:
         for event in reader:
             if event.table != table:
                 raise RuntimeError(f"the bare pymysqlreplication loop read rows of {event.table!r}, not {table!r}: "
                                    f"it did not start at {start}")
+            # a new connection object is pymysqlreplication's reconnect (private, but the only sign of it)
+            connection = reader._stream_connection
+            first = first if first is not None else connection
+            if connection is not first:
+                raise RuntimeError("the bare pymysqlreplication loop read the range again (it reconnected after a "
+                                   f"read that took over {BARE_READ_TIMEOUT_S}s): no figure")
             seen += len(event.rows)
             if seen >= rows:
                 break
