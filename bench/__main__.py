@@ -39,6 +39,26 @@ SIZES = {
 }
 
 
+#: Before each measure the machine must be quiet: CPU use (all processes) under this share of its cores over
+#: a second, so that the servers' work left by the measure before (MariaDB purging and flushing pages,
+#: PostgreSQL's checkpointer and autovacuum, a JVM exiting) does not run inside the next one.
+QUIET_CPU_SHARE = 0.15
+#: The longest wait for it; a machine busy with other work is reported, not waited for.
+QUIET_WAIT_S = 90.0
+
+
+def wait_quiet(pg: PostgresServer) -> float:
+    """Checkpoint PostgreSQL, then wait until the machine is quiet; the seconds waited."""
+    began = time.monotonic()
+    pg.psql("CHECKPOINT")  # dirty pages written now, not by a checkpoint inside the next measure
+    while time.monotonic() - began < QUIET_WAIT_S:
+        if psutil.cpu_percent(interval=1.0) / 100 < QUIET_CPU_SHARE:
+            return time.monotonic() - began
+    print(f"bench: the machine stayed busier than {QUIET_CPU_SHARE:.0%} of its cores for {QUIET_WAIT_S:g}s; "
+          "measuring anyway", file=sys.stderr, flush=True)
+    return time.monotonic() - began
+
+
 def machine() -> dict[str, Any]:
     return {
         "cpu": platform.processor() or platform.machine(),
@@ -63,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
     started = time.monotonic()
     results: list[dict[str, Any]] = []
+    settled: dict[str, float] = {}  # per measure: seconds waited for a quiet machine before it
     pg: PostgresServer | None = None
     maria: MariaDBServer | None = None
     try:
@@ -90,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, run in plan:
             if args.only and name not in args.only:
                 continue
-            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            settled[name] = round(wait_quiet(pg), 1)
+            print(f"bench: {name} ... (machine quiet after {settled[name]:g}s)", file=sys.stderr, flush=True)
             t0 = time.monotonic()
             rows = run()
             for row in rows:
@@ -103,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
         shutil.rmtree(work, ignore_errors=True)
     doc = {"mode": "quick" if args.quick else "default", "sizes": sizes, "machine": machine(),
-           "elapsed_s": round(time.monotonic() - started, 1), "results": results}
+           "elapsed_s": round(time.monotonic() - started, 1), "settled_s": settled, "results": results}
     markdown = write_report(doc, args.out, chart_png=args.chart)
     print(markdown)
     return 0

@@ -25,6 +25,8 @@ def to_markdown(doc: dict[str, Any]) -> str:
         f"Machine: {m['cores']} cores, {m['memory_gb']} GiB, {m['os']}, Python {m['python']}; "
         f"{m['postgres']}; {m['mariadb']}.",
         "",
+        *([f"Seconds waited for a quiet machine before each measure: "
+           f"{', '.join(f'{k} {v:g}' for k, v in doc['settled_s'].items())}.", ""] if doc.get("settled_s") else []),
         "| measure | cdcd | baseline | baseline figure | ratio | notes |",
         "|---|---|---|---|---|---|",
     ]
