@@ -45,12 +45,14 @@ SIZES = {
 QUIET_CPU_SHARE = 0.15
 #: The longest wait for it; a machine busy with other work is reported, not waited for.
 QUIET_WAIT_S = 90.0
+#: A checkpoint after the largest measure writes a few GB at most.
+CHECKPOINT_TIMEOUT_S = 300.0
 
 
 def wait_quiet(pg: PostgresServer, wait_s: float = QUIET_WAIT_S) -> float:
     """Checkpoint PostgreSQL, then wait (at most ``wait_s``) until the machine is quiet; the seconds waited."""
     began = time.monotonic()
-    pg.psql("CHECKPOINT")  # dirty pages written now, not by a checkpoint inside the next measure
+    pg.psql("CHECKPOINT", timeout_s=CHECKPOINT_TIMEOUT_S)  # dirty pages written now, not inside the next measure
     while time.monotonic() - began < wait_s:
         if psutil.cpu_percent(interval=1.0) / 100 < QUIET_CPU_SHARE:
             return time.monotonic() - began

@@ -288,6 +288,7 @@ class _ManifestWatch:
     def __init__(self, manifests: Path) -> None:
         from inotify_simple import INotify, flags
 
+        self.manifests = manifests
         self.seen: dict[int, float] = {}
         self._inotify = INotify()
         self._inotify.add_watch(manifests, flags.MOVED_TO)
@@ -304,10 +305,20 @@ class _ManifestWatch:
         self._stop.set()
         self._thread.join(10)
         self._inotify.close()
+        if self._error is None and self.seen:  # every batch landed after the first one seen was seen
+            missed = sorted(set(layout.seqs_in(self.manifests)) - set(self.seen) - set(range(min(self.seen))))
+            if missed:
+                self._error = f"the manifest watch missed batches {missed[:5]}: no latency figure"
         if self._error is not None and exc[0] is None:
             raise RuntimeError(self._error)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception as e:  # reported by __exit__: a figure without every batch would be wrong
+            self._error = f"the manifest watch failed: {e!r}"
+
+    def _watch(self) -> None:
         while not self._stop.is_set():
             events = self._inotify.read(timeout=self.WAKE_MS)
             now = time.time()

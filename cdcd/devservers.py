@@ -208,11 +208,12 @@ class PostgresServer:
             "CREATE ROLE cdc_md5 LOGIN REPLICATION SUPERUSER PASSWORD 'secret';"
         )
 
-    def psql(self, sql: str, database: str = "postgres") -> str:
+    def psql(self, sql: str, database: str = "postgres", timeout_s: float = 1800) -> str:
+        """Run ``sql`` through psql; raises ``subprocess.TimeoutExpired`` after ``timeout_s``."""
         out = subprocess.run(
             [str(_pg_bindir() / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
              "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql],
-            check=True, capture_output=True, text=True,
+            check=True, capture_output=True, text=True, timeout=timeout_s,
         )
         return out.stdout.strip()
 
