@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.sockets import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
-from cdcd.sources.postgres.catalog import quote_ident, quote_literal, quote_table
+from cdcd.sources.postgres.catalog import quote_ident, quote_literal
 from cdcd.sources.postgres.connection import ConnectParams
 from cdcd.sources.postgres.copytext import UNREPRESENTABLE, CopyDecoder, needs_key_text
 from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
@@ -127,20 +127,6 @@ def plan(shape: TableShape, key_fields: Sequence[int]) -> Plan:
 def _as_text(name: str) -> str:
     q = quote_ident(name)
     return f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END"
-
-
-def chunk_query(select: str, shape_table: Any, key: Sequence[str], types: dict[str, str],
-                after: Sequence[str] | None, limit: int) -> str:
-    cols = ", ".join(quote_ident(k) for k in key)
-    where = ""
-    if after is not None:
-        bounds = ", ".join(f"CAST({_literal(v)} AS {types[k]})" for k, v in zip(key, after, strict=True))
-        where = f" WHERE ({cols}) > ({bounds})"
-    return f"SELECT {select} FROM {quote_table(shape_table)}{where} ORDER BY {cols} LIMIT {limit}"
-
-
-def _literal(text: str) -> str:
-    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 class BulkConnection:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,22 @@ def quote_table(t: TableId) -> str:
 
 def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
+
+
+def escaped_literal(text: str) -> str:
+    """A string constant that means the same whatever ``standard_conforming_strings`` says."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def keyset_query(select: str, table: TableId, key: Sequence[str], types: dict[str, str],
+                 after: Sequence[str] | None, limit: int) -> str:
+    """One keyset chunk: the rows after ``after`` (the key's text values, cast to ``types``) in key order."""
+    cols = ", ".join(quote_ident(k) for k in key)
+    where = ""
+    if after is not None:
+        bounds = ", ".join(f"CAST({escaped_literal(v)} AS {types[k]})" for k, v in zip(key, after, strict=True))
+        where = f" WHERE ({cols}) > ({bounds})"
+    return f"SELECT {select} FROM {quote_table(table)}{where} ORDER BY {cols} LIMIT {limit}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from cdcd.capture.incremental import Chunk, SnapshotJob
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres import catalog
-from cdcd.sources.postgres.catalog import quote_ident, quote_table
+from cdcd.sources.postgres.catalog import escaped_literal, quote_ident, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
 from cdcd.sources.postgres.stream import PgTables
 from cdcd.sources.postgres.types import key_text
@@ -40,16 +40,11 @@ _LAG_POLL_S = 0.01
 _MASK = 0xFFFFFFFF
 
 
-def _literal(text: str) -> str:
-    """A string constant that means the same whatever standard_conforming_strings says."""
-    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
 def _key_row(tables: PgTables, job: SnapshotJob, values: list[Any]) -> str:
     """A row constructor of the key's columns, each value (the server's text) cast to its column's type."""
     info = tables.infos[job.table]
     types = {c.name: c.sql_type for c in info.columns}
-    return "(" + ", ".join("NULL" if v is None else f"CAST({_literal(v)} AS {types[k]})"
+    return "(" + ", ".join("NULL" if v is None else f"CAST({escaped_literal(v)} AS {types[k]})"
                            for k, v in zip(info.key, values, strict=True)) + ")"
 
 

@@ -38,7 +38,7 @@ from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableSchema
 from cdcd.positions import PgPosition, Position, parse_lsn
 from cdcd.sources.postgres import bulkread
-from cdcd.sources.postgres.catalog import TableInfo, connect_sql, quote_ident, quote_literal, quote_table
+from cdcd.sources.postgres.catalog import TableInfo, connect_sql, keyset_query, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.replication import ConnectParams
 from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
@@ -76,15 +76,9 @@ class SnapshotTable:
 
     def chunk_query(self, limit: int) -> str:
         """The next chunk, for a COPY: every column as is (COPY sends its text output), the resume key inlined."""
-        key = self.info.key
-        cols = ", ".join(quote_ident(k) for k in key)
         types = {c.name: c.sql_type for c in self.info.columns}
-        where = ""
-        if self.after is not None:
-            bounds = ", ".join(f"CAST({_literal(v)} AS {types[k]})" for k, v in zip(key, self.after, strict=True))
-            where = f" WHERE ({cols}) > ({bounds})"
         select = ", ".join(quote_ident(c.name) for c in self.shape.schema.columns)
-        return f"SELECT {select} FROM {quote_table(self.info.table)}{where} ORDER BY {cols} LIMIT {limit}"
+        return keyset_query(select, self.info.table, self.info.key, types, self.after, limit)
 
 
 async def _copy(conn: Any, query: str) -> list[bytes]:
@@ -101,11 +95,6 @@ async def _copy(conn: Any, query: str) -> list[bytes]:
 def _record_bytes(record: Any) -> int:
     """About the memory a row's values take (strings and bytes dominate; others count a few bytes)."""
     return sum(len(v) if isinstance(v, str | bytes) else 16 for v in record)
-
-
-def _literal(text: str) -> str:
-    """A string constant that means the same whatever standard_conforming_strings says."""
-    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 class SnapshotReader:
@@ -280,7 +269,7 @@ class SnapshotReader:
         bulk_plan = bulkread.plan(table.shape, key_fields)
         convert = bulkread.BatchConverter(table.shape, self._warnings, key_fields, bulk_plan)
         types = {c.name: c.sql_type for c in table.info.columns}
-        chunks = bulkread.ChunkCursor(bulk, convert, lambda after: bulkread.chunk_query(
+        chunks = bulkread.ChunkCursor(bulk, convert, lambda after: keyset_query(
             bulk_plan.select, table.info.table, table.info.key, types, after, self._chunk_rows),
             self._chunk_rows, table.after)
 
