@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
 
@@ -195,18 +195,23 @@ def get_logger(name: str | None = None) -> Any:
     return structlog.get_logger(name) if name else structlog.get_logger()
 
 
-def bind_context(
-    *, source: str | None = None, batch: int | None = None, position: object | None = None, **extra: Any
-) -> None:
-    """Bind source / batch / position (and any extra keys) to every following log line of this task."""
-    values: MutableMapping[str, Any] = dict(extra)
+def _context(source: str | None, batch: int | None, position: object | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """The context keys to bind: the given ones of source / batch / position (as text), then ``extra``."""
+    values = dict(extra)
     if source is not None:
         values["source"] = source
     if batch is not None:
         values["batch"] = batch
     if position is not None:
         values["position"] = str(position)
-    structlog.contextvars.bind_contextvars(**values)
+    return values
+
+
+def bind_context(
+    *, source: str | None = None, batch: int | None = None, position: object | None = None, **extra: Any
+) -> None:
+    """Bind source / batch / position (and any extra keys) to every following log line of this task."""
+    structlog.contextvars.bind_contextvars(**_context(source, batch, position, extra))
 
 
 def unbind_context(*keys: str) -> None:
@@ -218,12 +223,5 @@ def log_context(
     *, source: str | None = None, batch: int | None = None, position: object | None = None, **extra: Any
 ) -> Iterator[None]:
     """Like :func:`bind_context` for the duration of a ``with`` block only."""
-    values: dict[str, Any] = dict(extra)
-    if source is not None:
-        values["source"] = source
-    if batch is not None:
-        values["batch"] = batch
-    if position is not None:
-        values["position"] = str(position)
-    with structlog.contextvars.bound_contextvars(**values):
+    with structlog.contextvars.bound_contextvars(**_context(source, batch, position, extra)):
         yield

@@ -545,11 +545,7 @@ class TableDecoder:
             if pos != end:
                 raise _Overrun(f"the row images run {pos - end} bytes past the end of the event")
         except (struct.error, ValueError, IndexError, InvalidOperation, OverflowError, _Overrun) as exc:
-            raise SourceFatal(
-                f"cannot decode a row image of {ev.schema}.{ev.table} in the binlog event ending at "
-                f"{ev.packet.log_pos} ({type(exc).__name__}: {exc}). The event does not match its table map; "
-                "report it with the output of mysqlbinlog/mariadb-binlog --verbose for that position."
-            ) from exc
+            raise _undecodable(ev, exc) from exc
         return len(data[0]) - first
 
     def rows(self, ev: Any) -> list[Row] | None:
@@ -566,15 +562,19 @@ class TableDecoder:
             return _single_rows(self.image(ev.columns_present_bitmap), buf, start, end)
         except (struct.error, ValueError, IndexError, InvalidOperation, OverflowError, _Overrun) as exc:
             # never skip a row we cannot read: that would be a silent gap in the change stream
-            raise SourceFatal(
-                f"cannot decode a row image of {ev.schema}.{ev.table} in the binlog event ending at "
-                f"{ev.packet.log_pos} ({type(exc).__name__}: {exc}). The event does not match its table map; "
-                "report it with the output of mysqlbinlog/mariadb-binlog --verbose for that position."
-            ) from exc
+            raise _undecodable(ev, exc) from exc
 
 
 class _Overrun(Exception):
     pass
+
+
+def _undecodable(ev: Any, exc: Exception) -> SourceFatal:
+    return SourceFatal(
+        f"cannot decode a row image of {ev.schema}.{ev.table} in the binlog event ending at "
+        f"{ev.packet.log_pos} ({type(exc).__name__}: {exc}). The event does not match its table map; "
+        "report it with the output of mysqlbinlog/mariadb-binlog --verbose for that position."
+    )
 
 
 def _body(ev: Any, ncols: int) -> tuple[bytes, int, int] | None:

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiomysql
@@ -451,6 +451,13 @@ class _ChunkReader:
         fit = int(self.chunk_bytes // (4 * self.row_bytes))  # a few groups per block
         return max(1, min(self.MAX_GROUP, self.group * 8, fit))
 
+    def _add(self, pending: _Pending, part: pa.Table, texts: _Texts, last: tuple[Any, ...]) -> None:
+        self.row_bytes = max(part.nbytes / part.num_rows, 1.0)
+        pending.parts.append(part)
+        pending.texts.append(texts)
+        pending.size += part.nbytes
+        pending.last = last
+
     def _texts(self, raw: list[tuple[Any, ...]]) -> _Texts:
         """RowBlock.key_text: the driver's text of zero dates in key columns (None elsewhere)."""
         if not self.text_fields:
@@ -460,26 +467,16 @@ class _ChunkReader:
 
     async def blocks(self, cur: Any) -> AsyncIterator[tuple[pa.Table, tuple[Any, ...], _Texts]]:
         """(block, its last driver row, key_text) triples; the last row gives the keyset resume point."""
-        parts: list[pa.Table] = []
-        texts: list[_Texts] = []
-        size = 0
-        last: tuple[Any, ...] = ()
+        pending = _Pending()
         while True:
             self.group = self._next_group()
             async with asyncio.timeout(self.read_timeout_s):
                 raw = await cur.fetchmany(self.group)
             if raw:
-                part = rows_to_table(self.schema, self.convs, raw)
-                self.row_bytes = max(part.nbytes / len(raw), 1.0)
-                parts.append(part)
-                texts.append(self._texts(raw))
-                size += part.nbytes
-                last = raw[-1]
+                self._add(pending, rows_to_table(self.schema, self.convs, raw), self._texts(raw), raw[-1])
             ended = len(raw) < self.group
-            if parts and (ended or size >= self.chunk_bytes):
-                yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last, \
-                    _concat_texts(texts)
-                parts, texts, size = [], [], 0
+            if pending.parts and (ended or pending.size >= self.chunk_bytes):
+                yield pending.take()
             if ended:
                 return
 
@@ -495,28 +492,38 @@ class _ChunkReader:
 
     def _bulk_blocks(self, bulk: bulkread.BulkConnection,
                      types: list[int]) -> Iterator[tuple[pa.Table, tuple[Any, ...], _Texts]]:
-        parts: list[pa.Table] = []
-        texts: list[_Texts] = []
-        size = 0
-        last: tuple[Any, ...] = ()
+        pending = _Pending()
         while True:
             self.group = self._next_group()
             raw = bulk.fetch(self.group)
             if raw:
-                part = bulkread.raw_rows_to_table(self.schema, self.convs, raw, types)
-                self.row_bytes = max(part.nbytes / len(raw), 1.0)
-                parts.append(part)
                 # driver rows (as aiomysql's) only where they matter: zero-date key texts, the resume key
-                texts.append(self._texts([bulkread.driver_row(r, types) for r in raw]) if self.text_fields else None)
-                size += part.nbytes
-                last = bulkread.driver_row(raw[-1], types)
+                texts = self._texts([bulkread.driver_row(r, types) for r in raw]) if self.text_fields else None
+                self._add(pending, bulkread.raw_rows_to_table(self.schema, self.convs, raw, types), texts,
+                          bulkread.driver_row(raw[-1], types))
             ended = len(raw) < self.group
-            if parts and (ended or size >= self.chunk_bytes):
-                yield (parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()), last, \
-                    _concat_texts(texts)
-                parts, texts, size = [], [], 0
+            if pending.parts and (ended or pending.size >= self.chunk_bytes):
+                yield pending.take()
             if ended:
                 return
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The groups read since the last block was handed on, and the last driver row among them."""
+
+    parts: list[pa.Table] = field(default_factory=list)
+    texts: list[_Texts] = field(default_factory=list)
+    size: int = 0
+    last: tuple[Any, ...] = ()
+
+    def take(self) -> tuple[pa.Table, tuple[Any, ...], _Texts]:
+        """(block, its last driver row, key_text), and start over."""
+        parts = self.parts
+        block = parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+        out = block, self.last, _concat_texts(self.texts)
+        self.parts, self.texts, self.size = [], [], 0
+        return out
 
 
 def _concat_texts(texts: list[_Texts]) -> _Texts:
