@@ -2,7 +2,8 @@
 
 For each protocol and each shape of the transaction (one ``INSERT ... SELECT generate_series`` of ``n`` rows, as
 fast as the server writes it; or ``PACED_STATEMENTS`` inserts of ``n / PACED_STATEMENTS`` rows with
-``PACED_PAUSE_S`` between them, a transaction that runs longer than the server needs to decode it): a daemon
+``inprogress_pause_s`` between them (0.5 s; 0.05 s in a ``--quick`` run, a smoke test), a transaction that runs
+longer than the server needs to decode it): a daemon
 streams from a new slot, the transaction commits; measured are the seconds from its commit until its first and
 its last row are landed and checkpointed, the server's spill and stream counters for the slot
 (``pg_stat_replication_slots``, reset before the transaction), the peak size of cdcd's in-progress spool and
@@ -24,7 +25,6 @@ from cdcd.sources.postgres.inprogress import SPOOL_DIR, SUFFIX
 Row = dict[str, Any]
 
 PACED_STATEMENTS = 20
-PACED_PAUSE_S = 0.5
 
 
 def _spool_bytes(state: Path) -> int:
@@ -71,15 +71,15 @@ def _wait_checkpoint(daemon: Daemon, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def _transaction(lo: int, n: int, paced: bool) -> str:
+def _transaction(lo: int, n: int, pause_s: float | None) -> str:
     def insert(a: int, b: int) -> str:
         return f"INSERT INTO narrow (id, a, b) SELECT g, g % 1000, 'row ' || g FROM generate_series({a}, {b}) g;"
 
-    if not paced:
+    if pause_s is None:
         return insert(lo, lo + n - 1)
     step = -(-n // PACED_STATEMENTS)
     parts = [insert(a, min(a + step, lo + n) - 1) for a in range(lo, lo + n, step)]
-    return "BEGIN;" + f"SELECT pg_sleep({PACED_PAUSE_S});".join(parts) + "COMMIT;"
+    return "BEGIN;" + f"SELECT pg_sleep({pause_s});".join(parts) + "COMMIT;"
 
 
 def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list[Row]:
@@ -90,6 +90,7 @@ def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list
         pg.psql(f"ALTER DATABASE {db} SET logical_decoding_work_mem = '{sizes['inprogress_work_mem']}'")
     work_mem = pg.psql("SHOW logical_decoding_work_mem", db)
     n = int(sizes["inprogress_tx"])
+    pause_s = float(sizes["inprogress_pause_s"])
     rows: list[Row] = []
     runs = [(paced, proto) for paced in (False, True) for proto in (1, 2)]
     for i, (paced, proto) in enumerate(runs):
@@ -108,7 +109,7 @@ def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list
             pg.psql(f"SELECT pg_stat_reset_replication_slot('{slot}')", db)
             watcher.start()
             began = time.time()
-            pg.psql(_transaction(1 + i * n, n, paced), db)
+            pg.psql(_transaction(1 + i * n, n, pause_s if paced else None), db)
             committed = time.time()
             first = _wait(daemon, base + 1, 1800)
             last = _wait(daemon, base + n, 1800)
@@ -124,7 +125,7 @@ def pg_inprogress(pg: PostgresServer, work: Path, sizes: dict[str, Any]) -> list
         pg.psql(f"SELECT pg_drop_replication_slot('{slot}')", db)
         rows.append({
             "measure": f"one {n:,}-row transaction"
-                       + (f" ({PACED_STATEMENTS} inserts, {PACED_PAUSE_S} s apart)" if paced else " (one insert)")
+                       + (f" ({PACED_STATEMENTS} inserts, {pause_s} s apart)" if paced else " (one insert)")
                        + f", pgoutput protocol {proto}" + (" (in-progress streaming)" if proto == 2 else ""),
             "unit": "s", "commit_to_landed_s": round(last - committed, 2),
             "commit_to_first_s": round(first - committed, 2), "transaction_s": round(committed - began, 2),
