@@ -34,7 +34,7 @@ SIZES = {
                 "incremental": 1_000_000, "incremental_rate": 10_000, "inprogress_tx": 2_000_000,
                 "inprogress_pause_s": 0.5},
     "quick": {"stream": 50_000, "stream_wide": 10_000, "snapshot": 50_000, "snapshot_wide": 10_000,
-              "pg_snapshot": 50_000, "latency_s": 5, "rss_tx": 100_000, "rss_snapshot": 200_000, "spark_small": 20_000,
+              "pg_snapshot": 50_000, "latency_s": 2, "rss_tx": 100_000, "rss_snapshot": 200_000, "spark_small": 20_000,
               "incremental": 200_000, "incremental_rate": 5_000, "inprogress_tx": 100_000, "inprogress_pause_s": 0.05,
               "inprogress_work_mem": "1MB"},
 }
