@@ -202,9 +202,27 @@ def _describe(error: Mapping[str, Any]) -> str:
         return f"{key}: unknown key; remove it or check its spelling (see config/cdcd.example.toml)"
     if kind == "missing":
         return f"{key}: required key is missing"
-    value = error.get("input")
-    shown = "<hidden>" if "password" in key else json.dumps(value, default=str)
+    shown = "<hidden>" if _is_secret(key) else json.dumps(redacted(error.get("input")), default=str)
     return f"{key}: {error['msg']} (got {shown})"
+
+
+_SECRET_WORDS = ("password", "secret", "token", "credential", "key_id", "access_key")
+
+
+def _is_secret(key: str) -> bool:
+    """A key whose value must never be shown: ``password``, ``password_file``'s contents, tokens, keys."""
+    last = key.rsplit(".", 1)[-1].lower()
+    return any(word in last for word in _SECRET_WORDS)
+
+
+def redacted(value: Any) -> Any:
+    """``value`` with the value of every secret key, at any depth, replaced by ``"<hidden>"``: the one place
+    a configuration (or a part of one) is described for an error, a log line or ``/status``."""
+    if isinstance(value, Mapping):
+        return {k: "<hidden>" if _is_secret(str(k)) else redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(v) for v in value]
+    return value
 
 
 def parse_config(doc: dict[str, Any], env: Mapping[str, str] | None = None, origin: str = "<config>") -> Config:

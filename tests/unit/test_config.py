@@ -141,6 +141,47 @@ def test_password_never_shown(tmp_path: Path) -> None:
     assert "config loaded" in out.getvalue() and secret not in out.getvalue()
 
 
+SECRET = "S3cr3t!-recognisable"
+
+# Every way a source section can be refused, each with the secret set as a password: the error shows the
+# section (a model-level error's input is the whole section) and must not show the secret.
+SECRET_ERROR_CASES = [
+    {"kind": "mariadb"},  # server_id missing: a model-level error on the whole source section
+    {"password_file": "/x"},  # password and password_file both set
+    {"port": "not-a-port"},
+    {"tables": ["no_schema"]},
+    {"tables": ["public.t", "public.t"]},
+    {"kind": "oracle"},
+    {"sslmode": "sometimes"},
+    {"mysql": {"server_id": 0}},
+    {"postgres": {"slot": "Bad-Slot"}},
+    {"unknown_key": 1},
+    {"user": None},
+]
+
+
+@pytest.mark.parametrize("bad", SECRET_ERROR_CASES, ids=lambda b: next(iter(b)))
+def test_no_config_error_shows_the_password(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_minimal(password=SECRET, **bad), env={})
+    assert SECRET not in str(err.value) and SECRET not in repr(err.value)
+
+
+def test_no_config_error_shows_a_password_from_the_environment() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"source": {"kind": "mysql", "user": "u", "database": "d", "tables": ["d.t"]}},
+                     env={"CDCD_SOURCE__PASSWORD": SECRET})
+    assert "server_id" in str(err.value) and SECRET not in str(err.value)
+
+
+def test_connect_params_hide_the_password() -> None:
+    from cdcd.sources.mysql.connection import ConnectParams as MyParams
+    from cdcd.sources.postgres.connection import ConnectParams as PgParams
+
+    assert SECRET not in repr(PgParams("h", 1, "u", "d", SECRET))
+    assert SECRET not in repr(MyParams("h", 1, "u", SECRET))
+
+
 def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read the config file"):
         load_config(tmp_path / "absent.toml", env={})

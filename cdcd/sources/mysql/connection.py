@@ -11,7 +11,7 @@ every reader uses (UTC, REPEATABLE READ); the binlog dump takes
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ class ConnectParams:
     host: str
     port: int
     user: str
-    password: str = ""
+    password: str = field(default="", repr=False)  # never in a repr, log line or error
     connect_timeout: int = 10
     sslmode: str = "prefer"
     sslrootcert: Path | None = None

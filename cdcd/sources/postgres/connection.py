@@ -10,7 +10,7 @@ asyncpg connections (``connect_sql``) and the replication connection
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ class ConnectParams:
     port: int
     user: str
     database: str
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never in a repr, log line or error
     sslmode: str = "prefer"
     sslrootcert: Path | None = None
     connect_timeout_s: float = 10.0
