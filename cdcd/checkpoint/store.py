@@ -129,7 +129,9 @@ class CheckpointStore:
     # -- lock -----------------------------------------------------------------
 
     def lock(self) -> None:
-        """Take the exclusive lock on the state directory, or refuse naming the holder."""
+        """Take the exclusive lock on the state directory, or refuse naming the holder. Held already: nothing to do."""
+        if self._lock_fd is not None:
+            return
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -173,11 +173,14 @@ class Daemon:
                   memory=None if self.memory is None else self.memory.to_json())
         reporter: asyncio.Task[None] | None = None
         try:
+            self.rt = self._make_runtime()
+            # The state directory's lock first: a second daemon on it is refused naming the holder (exit 7),
+            # before it could fail on the HTTP port the first one holds.
+            self.rt.store.lock()
             if self.config.http.enabled:
                 self._http = self._make_http()
                 await self._http.start()
             self.notifier.status("starting: loading the checkpoint and connecting to the source")
-            self.rt = self._make_runtime()
             if self.memory is not None:  # run_daemon's process (never a test's): the modules of the run are loaded
                 freeze_startup(self.memory)
             code = await self._start()

@@ -381,9 +381,9 @@ def test_notify_http_single_daemon_stop_and_status(
 
         d.wait("WATCHDOG=1", lambda: any(m.get("WATCHDOG") == "1" for m in (received.__iadd__(_messages(notify)))))
 
-        # A second daemon on the same state directory is refused, naming the first.
-        second_run = subprocess.run([CDCD, "run", "-c", str(cfg)], capture_output=True, text=True, timeout=WAIT_S,
-                                    env={**os.environ, "CDCD_HTTP__LISTEN": f"127.0.0.1:{free_port()}"})
+        # A second daemon on the same state directory (and so the same http.listen) is refused naming the first:
+        # the state lock comes before the HTTP port.
+        second_run = subprocess.run([CDCD, "run", "-c", str(cfg)], capture_output=True, text=True, timeout=WAIT_S)
         assert second_run.returncode == ExitCode.STATE_DIR_LOCKED
         assert f"locked by pid {d.proc.pid}" in second_run.stdout + second_run.stderr
 
