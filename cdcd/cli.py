@@ -34,8 +34,9 @@ from cdcd.logging import configure_logging
 Command = Callable[[argparse.Namespace], int]
 
 
-def _config(args: argparse.Namespace) -> Config:
-    return load_config(args.config)
+def _config(args: argparse.Namespace, connects: bool = False) -> Config:
+    """The config of ``args.config``; the source's secret is read only by the commands that connect to it."""
+    return load_config(args.config, connects=connects)
 
 
 def _quiet_logging(config: Config | None = None) -> None:
@@ -51,7 +52,7 @@ def _print_json(doc: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = _config(args, connects=True)
     configure_logging(config.log.level, config.log.format, stream="stdout")
     from cdcd.daemon.lifecycle import run_daemon
 
@@ -59,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = _config(args, connects=True)
     _quiet_logging(config)
     print(f"ok    config: {args.config} is valid ({config.source.kind} source, {len(config.source.tables)} tables)")
     from cdcd.runtime.interfaces import CheckResult
@@ -316,7 +317,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = _config(args, connects=True)
     _quiet_logging(config)
     verify = importlib.import_module("cdcd.verify").verify
 

@@ -236,8 +236,10 @@ def parse_config(doc: dict[str, Any], env: Mapping[str, str] | None = None, orig
         raise ConfigError(f"{origin}: invalid configuration:\n  {problems}") from None
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read, override and validate a TOML config file."""
+def load_config(path: str | Path, env: Mapping[str, str] | None = None, connects: bool = True) -> Config:
+    """Read, override and validate a TOML config file. ``connects``: the caller connects to the source, so an
+    unreadable ``password_file`` is an error now; commands that never connect (status, stop, checkpoint) pass
+    False and do not need the secret."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -248,5 +250,6 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     config = parse_config(doc, env, origin=str(path))
-    config.source.secret()  # an unreadable password_file is a config error now, not at connect time
+    if connects:
+        config.source.secret()  # an unreadable password_file is a config error now, not at connect time
     return config

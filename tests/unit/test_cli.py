@@ -196,3 +196,19 @@ def test_config_from_environment(tmp_path: Path) -> None:
     env = {**os.environ, "CDCD_CONFIG": str(cfg)}
     proc = subprocess.run([CDCD, "checkpoint", "show"], capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and "no checkpoint" in proc.stdout
+
+
+def test_commands_that_never_connect_do_not_need_the_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """status, stop, checkpoint and the daemon requests work where the password_file is not readable (an
+    operator's shell, not the daemon's user); the commands that connect still refuse with exit 78."""
+    cfg = _write_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace('password = "hunter2"', f'password_file = "{tmp_path / "absent"}"'))
+    _save_history(cfg, 2)
+    assert main(["status", "-c", str(cfg)]) == ExitCode.OK
+    assert main(["checkpoint", "show", "-c", str(cfg)]) == ExitCode.OK
+    assert main(["checkpoint", "list", "-c", str(cfg)]) == ExitCode.OK
+    assert main(["stop", "-c", str(cfg)]) == ExitCode.OK
+    assert "password_file" not in capsys.readouterr().err
+    assert main(["check", "-c", str(cfg)]) == ExitCode.CONFIG
+    assert main(["verify", "-c", str(cfg), "--target", str(tmp_path / "target")]) == ExitCode.CONFIG
+    assert "source.password_file: cannot read" in capsys.readouterr().err
