@@ -245,9 +245,9 @@ def cmd_tables_reload(args: argparse.Namespace) -> int:
 
 
 def _store(config: Config) -> Any:
-    from cdcd.checkpoint.store import CheckpointStore
+    from cdcd.checkpoint.store import store_for
 
-    return CheckpointStore(config.state.path, config.state.keep_checkpoints)
+    return store_for(config.state)
 
 
 def cmd_checkpoint_show(args: argparse.Namespace) -> int:

@@ -119,9 +119,18 @@ class LandingConfig(_Section):
     retention_s: float = Field(default=86400.0, ge=0)
 
 
+class HistoryTierConfig(_Section):
+    every_s: float = Field(gt=0)
+    span_s: float = Field(gt=0)
+
+
 class StateConfig(_Section):
     path: Path = Path("/var/lib/cdcd/state")
+    #: The newest earlier checkpoints kept for `cdcd checkpoint rollback` ...
     keep_checkpoints: int = Field(default=10, ge=1)
+    #: ... and, per tier, one per `every_s` of those saved in the last `span_s` seconds.
+    checkpoint_history: list[HistoryTierConfig] = Field(default_factory=lambda: [
+        HistoryTierConfig(every_s=60, span_s=3600), HistoryTierConfig(every_s=3600, span_s=86400)])
 
 
 class RuntimeConfig(_Section):

@@ -3,7 +3,8 @@
 Layout of the state directory::
 
     checkpoint.json          the current checkpoint
-    history/<save_id>.json   earlier checkpoints (the newest ``keep`` of them)
+    history/<save_id>.json   earlier checkpoints: the newest ``keep`` of them, and one per tier interval
+                             (by default one a minute for an hour, one an hour for a day)
     lock                     flock()ed by the running daemon; holds its pid
 
 A save writes a temp file, fsyncs it, hard-links the previous current
@@ -28,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cdcd.config import StateConfig
 from cdcd.errors import CheckpointError, CheckpointFatal, StateDirLocked, StateError
 from cdcd.fsutil import fsync_dir, remove_temps, storage_fix, write_durably
 from cdcd.positions import Position, position_from_json
@@ -109,12 +111,50 @@ def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
+@dataclass(frozen=True)
+class HistoryTier:
+    """Keep one earlier checkpoint per ``every_s`` among those saved in the last ``span_s`` seconds."""
+
+    every_s: float
+    span_s: float
+
+
+#: One a minute for an hour, one an hour for a day: a quiet source saves on every heartbeat, so a count
+#: alone would reach back only minutes; a day matches the landing zone's default retention.
+DEFAULT_TIERS = (HistoryTier(60, 3600), HistoryTier(3600, 86400))
+
+
+def history_to_keep(saved: list[tuple[Path, float]], keep: int, tiers: tuple[HistoryTier, ...],
+                    now: float) -> set[Path]:
+    """Of the history entries ``saved`` (path, save time; oldest first), the ones to keep: the newest ``keep``,
+    and per tier the oldest entry of each ``every_s`` interval within its span. The oldest of an interval
+    stays the same as newer saves come, so a kept entry is never traded for a newer one of its interval."""
+    kept = {path for path, _ in saved[max(0, len(saved) - keep):]}
+    for tier in tiers:
+        seen: set[int] = set()
+        for path, at in saved:
+            if now - at > tier.span_s:
+                continue
+            interval = int(at // tier.every_s)
+            if interval not in seen:
+                seen.add(interval)
+                kept.add(path)
+    return kept
+
+
+def store_for(state: StateConfig) -> CheckpointStore:
+    """The checkpoint store the ``[state]`` section describes."""
+    tiers = tuple(HistoryTier(t.every_s, t.span_s) for t in state.checkpoint_history)
+    return CheckpointStore(state.path, state.keep_checkpoints, tiers)
+
+
 class CheckpointStore:
     """Loads and saves checkpoints in a state directory and guards it with a lock."""
 
-    def __init__(self, path: str | Path, keep: int = 10) -> None:
+    def __init__(self, path: str | Path, keep: int = 10, tiers: tuple[HistoryTier, ...] = DEFAULT_TIERS) -> None:
         self.path = Path(path)
         self.keep = keep
+        self.tiers = tiers
         self._lock_fd: int | None = None
         self._last_save_id = 0
 
@@ -258,9 +298,14 @@ class CheckpointStore:
         return self.history_path / f"{save_id:012d}.json"
 
     def _prune(self) -> None:
-        entries = sorted(self.history_path.glob("*.json"))
-        for old in entries[: max(0, len(entries) - self.keep)]:
-            old.unlink(missing_ok=True)
+        saved: list[tuple[Path, float]] = []
+        for path in sorted(self.history_path.glob("*.json")):
+            with contextlib.suppress(FileNotFoundError):
+                saved.append((path, path.stat().st_mtime))  # a history entry is a link to the saved file
+        kept = history_to_keep(saved, self.keep, self.tiers, time.time())
+        for path, _ in saved:
+            if path not in kept:
+                path.unlink(missing_ok=True)
 
     # -- history and rollback ---------------------------------------------------
 

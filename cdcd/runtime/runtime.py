@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from cdcd.checkpoint.store import Checkpoint, CheckpointStore
+from cdcd.checkpoint.store import Checkpoint, CheckpointStore, store_for
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, RowBlock, event_count
@@ -80,7 +80,7 @@ class Runtime:
         self.config = config
         self.source = source
         self.sink = sink
-        self.store = store or CheckpointStore(config.state.path, config.state.keep_checkpoints)
+        self.store = store or store_for(config.state)
         self.state = RuntimeState.IDLE
         self.stats = RuntimeStats(
             max_inflight_batches=config.runtime.max_inflight_batches, queue_capacity=_handoff_capacity()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from cdcd.checkpoint.store import Checkpoint, CheckpointStore
+from cdcd.checkpoint.store import Checkpoint, CheckpointStore, HistoryTier, history_to_keep
 from cdcd.errors import CheckpointFatal, StateError
 from cdcd.positions import MySqlPosition, PgPosition
 
@@ -84,7 +85,7 @@ def test_corrupt_checkpoint_is_refused(tmp_path: Path, damage: str) -> None:
 
 
 def test_history_keeps_last_n_and_rollback(tmp_path: Path) -> None:
-    store = CheckpointStore(tmp_path, keep=3)
+    store = CheckpointStore(tmp_path, keep=3, tiers=())
     for seq in range(1, 7):
         store.save(_ckpt(seq))
     history = store.history()
@@ -95,6 +96,34 @@ def test_history_keeps_last_n_and_rollback(tmp_path: Path) -> None:
     assert loaded is not None and loaded.batch_seq == 4
     with pytest.raises(CheckpointFatal, match="no checkpoint with save id 1"):
         store.rollback(1)
+
+
+def test_history_reaches_back_by_time(tmp_path: Path) -> None:
+    """A quiet source saves a checkpoint on every heartbeat: the history keeps one a minute for an hour and one
+    an hour for a day besides the newest few, so a rollback reaches back a day, not a hundred seconds."""
+    store = CheckpointStore(tmp_path, keep=3)  # the default tiers
+    now = time.time()
+    # 30 hours of saves every 10 s would be 10,800 files: 300 saves with times of such a run (oldest first).
+    ages = sorted({*range(0, 3600, 20), *range(3600, 30 * 3600, 900)}, reverse=True)
+    for seq in range(1, len(ages) + 2):
+        store.save(_ckpt(seq))  # moves save seq - 1 into the history and prunes
+        previous = store.history_path / f"{seq - 1:012d}.json"
+        if previous.exists():  # a history entry's time is its file's: when that save wrote it
+            os.utime(previous, (now - ages[seq - 2], now - ages[seq - 2]))
+    kept_ages = sorted(now - p.stat().st_mtime for p in store.history())
+    assert len(kept_ages) <= 3 + 60 + 24 + 2
+    assert max(kept_ages) >= 23 * 3600  # reaches back about a day
+    assert max(kept_ages) <= 24 * 3600 + 60  # nothing older than the longest tier's span
+    assert sum(1 for a in kept_ages if a < 3600) >= 55  # about one a minute in the last hour
+    minutes = [int((now - a) // 60) for a in kept_ages if a < 3540]
+    assert len(minutes) - len(set(minutes)) <= 3  # the newest 3 may share a minute, the rest do not
+
+
+def test_history_tiers_keep_the_oldest_of_each_interval() -> None:
+    saved = [(Path(f"{n}.json"), float(t)) for n, t in enumerate([0, 10, 59, 60, 61, 130, 3601, 3700])]
+    kept = history_to_keep(saved, 1, (HistoryTier(60, 3650),), now=3700.0)
+    # 0 and 10 are older than the span; 61 shares its minute with 60, which stays; 3700 is the newest
+    assert sorted(p.stem for p in kept) == ["2", "3", "5", "6", "7"]
 
 
 def test_rollback_after_corruption_recovers(tmp_path: Path) -> None:
