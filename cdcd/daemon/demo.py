@@ -45,6 +45,15 @@ INSERT INTO orders (id, customer_id, amount, status, items)
   FROM generate_series(1, 2000) g;
 """
 
+#: What docs/postgres.md tells an operator to create: a role with REPLICATION and SELECT on the captured tables,
+#: and the publication made by the tables' owner (a role that does not own them cannot create it).
+PG_ROLE = """
+CREATE ROLE cdc LOGIN REPLICATION PASSWORD 'secret';
+GRANT USAGE ON SCHEMA public TO cdc;
+GRANT SELECT ON public.customers, public.orders TO cdc;
+CREATE PUBLICATION cdcd FOR TABLE public.customers, public.orders WITH (publish_via_partition_root = true);
+"""
+
 MARIA_SCHEMA = """
 CREATE TABLE customers (id BIGINT PRIMARY KEY, name VARCHAR(100) NOT NULL, email VARCHAR(200), country CHAR(2),
                         created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6));
@@ -193,14 +202,17 @@ def run_demo(work: Path, workload_s: float, spark: bool) -> int:
         pg.psql(PG_SCHEMA, "shop")
         maria.create_database("shop")
         maria.sql(MARIA_SCHEMA, "shop")
-        (work / "cdc-password").write_text("secret\n")
+        pg.psql(PG_ROLE, "shop")  # MariaDB's role `cdc` (devservers.py) has the grants docs/mysql.md lists
+        password = work / "cdc-password"
+        with os.fdopen(os.open(password, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write("secret\n")
         say("schema shop.customers (500 rows) and shop.orders (2000 rows) created in both")
 
         pipelines = [
             Pipeline("postgres", "postgres", "shop", ["public.customers", "public.orders"],
-                     {"port": pg.port, "user": "postgres"}, work),
+                     {"port": pg.port, "user": "cdc", "password_file": str(password)}, work),
             Pipeline("mariadb", "mariadb", "shop", ["shop.customers", "shop.orders"],
-                     {"port": maria.port, "user": "cdc", "password_file": str(work / "cdc-password"),
+                     {"port": maria.port, "user": "cdc", "password_file": str(password),
                       "mysql": {"server_id": 5401}}, work),
         ]
         for p in pipelines:

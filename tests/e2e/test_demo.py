@@ -32,10 +32,15 @@ def test_demo_runs_and_leaves_nothing_running() -> None:
     os.chmod(tmp_path, 0o1777)  # like /tmp: the servers write their own temporary files here
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     try:
-        proc = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--workload-seconds", "3", "--clean"],
+        proc = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--workload-seconds", "3"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
                               start_new_session=True)
         leftovers = _processes_under(tmp_path)
+        # The demo captures as the least-privileged roles the docs describe, its secret readable by its owner only.
+        work = next(tmp_path.glob("cdcd-demo-*"))
+        assert (work / "cdc-password").stat().st_mode & 0o777 == 0o600
+        for name in ("postgres", "mariadb"):
+            assert 'user = "cdc"' in (work / name / "cdcd.toml").read_text()
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
