@@ -340,3 +340,7 @@ class RelationCache:
 
     def __contains__(self, oid: int) -> bool:
         return oid in self._by_oid
+
+    def items(self) -> list[tuple[int, Relation]]:
+        """Every relation received so far, by OID (the latest definition of each)."""
+        return list(self._by_oid.items())

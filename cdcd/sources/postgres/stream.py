@@ -264,10 +264,13 @@ class PgStream:
         #: covers it. Checked with the heartbeats, at most every REPLACED_CHECK_S.
         self.replaced: Callable[[TableId, str], None] | None = None
         self._checked = 0.0
+        self._generation = 0  # bumped by ``capture``: ``_decode`` rebuilds its decoders when it moved
 
     def capture(self, tables: list[TableId]) -> None:
-        """The captured tables changed (a reload): relations of other tables are not decoded from now on."""
+        """The captured tables changed (a reload): from the next message ``_decode`` takes on, the relations of
+        the added tables are decoded and those of the removed ones are not (``_recapture``)."""
         self._table_set = set(tables)
+        self._generation += 1
 
     def handoff(self, watermark: Position) -> None:
         """Nothing to move: the slot starts at the snapshot's consistent point (the watermark) by itself."""
@@ -353,7 +356,11 @@ class PgStream:
         # the run of row messages being gathered: its builder, the seq of its first row, its rows and wire bytes
         block: BlockBuilder | None = None
         first = rows = size = 0
+        generation = self._generation
         async for chunk in wire:
+            if generation != self._generation:  # a reload changed the captured tables (``capture``)
+                generation = self._generation
+                await self._recapture(relations, decoders, builders)
             for is_rows, part in _segments(chunk) if columnar else ((False, chunk),):
                 if is_rows:  # a run of row messages: in bulk when it is one table's and no cut falls inside it
                     bulk = _bulk_run(part, builders, block, rows, size)
@@ -432,6 +439,26 @@ class PgStream:
                 yield item
         for item in out.flush():  # the server ended the stream: what was decoded goes out
             yield item
+
+    async def _recapture(self, relations: pgoutput.RelationCache, decoders: dict[int, RowDecoder | None],
+                         builders: dict[int, BlockBuilder | None]) -> None:
+        """The captured tables changed: decode the relations of the added tables from the Relation messages this
+        connection received (pgoutput sends one per relation and connection, maybe while its table was not
+        captured yet), stop decoding those of the removed ones. Tables whose status did not change keep their
+        decoders and builders (an open run of rows stays in its builder).
+
+        Called before the messages of the first socket read ``_decode`` takes on after the change. A message
+        decoded the old way came in a read the wire handed out before ``capture`` ran, so its transaction had
+        committed by then (the server sends a transaction at its commit; protocol 2's spool hands it out at its
+        commit too): it lies below the low watermark of the added table's first chunk, which the chunk task
+        writes after ``capture``. The snapshot's read sees such a transaction whether or not its rows were
+        decoded, and every change after the low watermark is decoded."""
+        for oid, rel in relations.items():
+            captured = TableId(rel.namespace, rel.name) in self._table_set
+            if captured == (decoders.get(oid) is not None):
+                continue
+            dec = decoders[oid] = await self._relation(rel) if captured else None
+            builders[oid] = None if dec is None else BlockBuilder(dec.shape, self._tables.warnings)
 
     def _row_event(self, msg: pgoutput.Insert | pgoutput.Update | pgoutput.Delete, dec: RowDecoder,
                    pos: PgPosition, xid: str | None, commit_ts: datetime | None) -> ChangeEvent:
