@@ -79,6 +79,10 @@ def _mysql_position(doc: dict[str, Any]) -> MySqlPosition:
     return pos
 
 
+#: Marks that say nothing of where the stream is: an incremental snapshot places them between any two items
+_NOT_STREAM = frozenset((*INCREMENTAL_KINDS, MarkKind.SNAPSHOT_COVERED, MarkKind.WATERMARK))
+
+
 def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     """The source state once ``items`` are committed. Pure; ``state`` is not modified."""
     new = dict(state)
@@ -126,15 +130,19 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
         elif kind in INCREMENTAL_KINDS:
             fold_incremental(new, item)
     _flush_keys(tables, last)
-    if items:
-        # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
-        # a partly delivered transaction, whose delivered items must then be skipped
-        tail = items[-1]
+    # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
+    # a partly delivered transaction, whose delivered items must then be skipped. The last streamed item says;
+    # an incremental snapshot's rows and Marks placed inside a transaction change nothing (none: as before).
+    for tail in reversed(items):
+        if (isinstance(tail, ChangeEvent | RowBlock) and tail.snapshot) or \
+                (type(tail) is Mark and tail.kind in _NOT_STREAM):
+            continue
         if ((type(tail) is ChangeEvent or type(tail) is ChangeBlock) and not tail.snapshot) or \
                 (type(tail) is Mark and tail.kind in (MarkKind.SCHEMA, MarkKind.DDL)):
             new["inside_tx"] = True
         else:
             new.pop("inside_tx", None)
+        break
     if snap is not None:
         snap["tables"] = tables
         new["snapshot"] = snap
