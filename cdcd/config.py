@@ -150,6 +150,9 @@ class RuntimeConfig(_Section):
 
 class HttpConfig(_Section):
     listen: str = Field(default="127.0.0.1:9187", pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):\d{1,5}$|^$")
+    #: The control token's file (POST endpoints need it); unset: the daemon writes a new one to
+    #: state.path/http-token (0600) at every start (cdcd/daemon/token.py).
+    token_file: Path | None = None
 
     @property
     def enabled(self) -> bool:

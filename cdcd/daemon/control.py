@@ -19,6 +19,8 @@ import psutil
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.config import Config
+from cdcd.daemon.token import client_token
+from cdcd.errors import ConfigError
 
 
 def daemon_pid(config: Config) -> int | None:
@@ -84,13 +86,20 @@ def post(config: Config, path: str, doc: dict[str, Any], timeout_s: float = 10.0
     """POST ``doc`` to the running daemon's ``path``: (HTTP status, the answer's JSON object).
 
     Raises ``Unreachable`` when nothing answers (no daemon, or it listens elsewhere), ``ValueError``
-    when ``http.listen`` is off (the requests need the listener).
+    when ``http.listen`` is off (the requests need the listener), ``ConfigError`` when the control token
+    cannot be read.
     """
     base = http_base(config)
     if base is None:
         raise ValueError("http.listen is off")
+    try:
+        token = client_token(config)
+    except ConfigError:
+        if daemon_pid(config) is None:  # no daemon wrote one: say that, not that the token is missing
+            raise Unreachable(f"no daemon holds {config.state.path}") from None
+        raise
     request = urllib.request.Request(f"{base}{path}", data=json.dumps(doc).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             status, body = resp.status, resp.read()

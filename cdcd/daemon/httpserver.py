@@ -4,7 +4,8 @@ Enough HTTP for Prometheus, kubelet/compose health checks, curl and the CLI:
 GET and HEAD for the read-only endpoints, POST with a JSON object for the
 operator's requests (``cdcd snapshot``, ``cdcd tables reload``), one request
 per connection (``Connection: close``). POST is answered for loopback
-clients only: a request can make the daemon run SQL on the source. No
+clients carrying the control token only (``Authorization: Bearer``,
+``token.py``): a request can make the daemon run SQL on the source. No
 framework: the daemon must not grow a web stack for a handful of endpoints.
 """
 
@@ -21,13 +22,14 @@ from typing import Any
 
 import structlog
 
+from cdcd.daemon.token import authorized
 from cdcd.errors import ConfigError
 
 _log = structlog.get_logger("cdcd.http")
 _MAX_HEADER_BYTES = 16384
 _MAX_BODY_BYTES = 65536
 _READ_TIMEOUT_S = 10.0
-_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+_REASONS = {200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 413: "Content Too Large", 503: "Service Unavailable"}
 
 
@@ -49,10 +51,11 @@ PostHandler = Callable[[dict[str, Any]], Awaitable[Response] | Response]
 
 class HttpServer:
     def __init__(self, host: str, port: int, routes: dict[str, Handler],
-                 post_routes: dict[str, PostHandler] | None = None) -> None:
+                 post_routes: dict[str, PostHandler] | None = None, token: str | None = None) -> None:
         self.host, self.port = host, port
         self.routes = routes
         self.post_routes = post_routes or {}
+        self._token = token  # what a POST must carry; None: POST endpoints are refused
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -117,6 +120,10 @@ class HttpServer:
         if not _is_loopback(peer):
             return Response.json(403, {"error": f"{path} is answered for clients on this host only (loopback); "
                                                 "run the cdcd command on the daemon's host"})
+        if self._token is None or not authorized(_header(head, b"authorization"), self._token):
+            return Response.json(401, {"error": f"{path} needs the daemon's control token (Authorization: Bearer); "
+                                                "the cdcd commands send it: run them as the daemon's user, or set "
+                                                "http.token_file (docs/operations.md, \"Control token\")"})
         length = _content_length(head)
         if length > _MAX_BODY_BYTES:
             return Response.json(413, {"error": f"request body of {length} bytes; at most {_MAX_BODY_BYTES}"})
@@ -140,15 +147,23 @@ def _is_loopback(peer: Any) -> bool:
     return bool((mapped or address).is_loopback)
 
 
-def _content_length(head: bytes) -> int:
+def _header(head: bytes, name: bytes) -> str | None:
+    """The value of the request header ``name`` (lower case), or None."""
     for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip())  # ValueError: a 400 answer
-            if length < 0:
-                raise ValueError("negative Content-Length")
-            return length
-    return 0
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None
+
+
+def _content_length(head: bytes) -> int:
+    value = _header(head, b"content-length")
+    if value is None:
+        return 0
+    length = int(value)  # ValueError: a 400 answer
+    if length < 0:
+        raise ValueError("negative Content-Length")
+    return length
 
 
 def _parse_request_line(head: bytes) -> tuple[str, str]:

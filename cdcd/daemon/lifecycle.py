@@ -33,6 +33,7 @@ from cdcd.daemon.httpserver import HttpServer, Response
 from cdcd.daemon.operator import Answer, Operator
 from cdcd.daemon.progress import RateTracker, progress_fields, render_live, summary_line
 from cdcd.daemon.sdnotify import Notifier
+from cdcd.daemon.token import daemon_token
 from cdcd.errors import CdcdError, StateError
 from cdcd.logging import bind_context
 from cdcd.memory import MemorySettings, freeze_startup
@@ -178,7 +179,7 @@ class Daemon:
             # before it could fail on the HTTP port the first one holds.
             self.rt.store.lock()
             if self.config.http.enabled:
-                self._http = self._make_http()
+                self._http = self._make_http(daemon_token(self.config))
                 await self._http.start()
             self.notifier.status("starting: loading the checkpoint and connecting to the source")
             if self.memory is not None:  # run_daemon's process (never a test's): the modules of the run are loaded
@@ -213,7 +214,7 @@ class Daemon:
     def _on_tick(self) -> None:
         self.notifier.watchdog()
 
-    def _make_http(self) -> HttpServer:
+    def _make_http(self, token: str) -> HttpServer:
         # Loaded on use: prometheus_client (and http.server, email behind it) only when http.listen is set.
         from cdcd.daemon.metrics import CONTENT_TYPE, make_registry, render
 
@@ -227,7 +228,7 @@ class Daemon:
         }, {
             "/snapshot": lambda doc: _respond(self.operator.snapshot(doc)),
             "/tables/reload": lambda doc: _respond(self.operator.reload("tables reload")),
-        })
+        }, token)
 
     async def _start(self) -> int | None:
         """Start the runtime; a stop signal while connecting abandons the start. None means running."""

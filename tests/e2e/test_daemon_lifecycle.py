@@ -387,8 +387,20 @@ def test_notify_http_single_daemon_stop_and_status(
         assert second_run.returncode == ExitCode.STATE_DIR_LOCKED
         assert f"locked by pid {d.proc.pid}" in second_run.stdout + second_run.stderr
 
+        # A request that changes state needs the control token the daemon wrote for its own user; the CLI sends it.
+        token_file = tmp_path / "state" / "http-token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        request = urllib.request.Request(f"http://127.0.0.1:{d.port}/tables/reload", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 401
+        reload = subprocess.run([CDCD, "tables", "reload", "-c", str(cfg)], capture_output=True, text=True,
+                                timeout=WAIT_S)
+        assert reload.returncode == 0 and "source.tables unchanged" in reload.stdout, reload.stderr
+        token = token_file.read_text().strip()
         status = subprocess.run([CDCD, "status", "-c", str(cfg), "--json"], capture_output=True, text=True,
                                 timeout=WAIT_S)
+        assert token not in status.stdout and token not in d.log_path.read_text()
         doc = json.loads(status.stdout)
         assert doc["running"] and doc["state"] == "running" and doc["pid"] == d.proc.pid
         assert doc["checkpoint"]["event_count"] >= 70 and doc["source"]["phase"] == "streaming"

@@ -151,18 +151,25 @@ async def test_http_server_post_endpoints_take_a_json_object_from_loopback_clien
         seen.append(doc)
         return Response.json(202, {"queued": doc})
 
-    server = HttpServer("127.0.0.1", 0, {"/status": lambda: Response(200, b"{}")}, {"/snapshot": take})
+    server = HttpServer("127.0.0.1", 0, {"/status": lambda: Response(200, b"{}")}, {"/snapshot": take}, "tok-1")
     await server.start()
+    auth = b"Authorization: Bearer tok-1\r\n"
     try:
         body = b'{"table": "public.t", "where": "id > 5"}'
         status, answer = await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Type: application/json\r\n"
-                                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                                    b"%sContent-Length: %d\r\n\r\n%s" % (auth, len(body), body))
         assert status == 202 and b'"where": "id > 5"' in answer
-        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\n\r\n"))[0] == 202  # no body: {}
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\n%s\r\n" % auth))[0] == 202  # no body: {}
         assert seen == [{"table": "public.t", "where": "id > 5"}, {}]
-        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]"))[0] == 400
-        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Length: 3\r\n\r\n{x}"))[0] == 400
-        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\nContent-Length: 999999\r\n\r\n"))[0] == 413
+        # without the control token, or with another, nothing is done (a local process is not enough)
+        for wrong in (b"", b"Authorization: Bearer tok-2\r\n", b"Authorization: tok-1\r\n"):
+            status, answer = await _get(server.port, b"POST /snapshot HTTP/1.1\r\n%s\r\n" % wrong)
+            assert status == 401 and b"control token" in answer and b"tok-1" not in answer
+        assert len(seen) == 2
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\n%sContent-Length: 2\r\n\r\n[]" % auth))[0] == 400
+        assert (await _get(server.port, b"POST /snapshot HTTP/1.1\r\n%sContent-Length: 3\r\n\r\n{x}" % auth))[0] == 400
+        assert (await _get(server.port,
+                           b"POST /snapshot HTTP/1.1\r\n%sContent-Length: 999999\r\n\r\n" % auth))[0] == 413
         assert (await _get(server.port, b"GET /snapshot HTTP/1.1\r\n\r\n"))[0] == 405
         assert (await _get(server.port, b"POST /status HTTP/1.1\r\n\r\n"))[0] == 405
         assert (await _get(server.port, b"POST /other HTTP/1.1\r\n\r\n"))[0] == 404
