@@ -24,38 +24,60 @@ ENV_PREFIX = "CDCD_"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A key's docstring is its description: docs/config.md is rendered from them (cdcd/configref.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class PostgresOptions(_Section):
     slot: str = Field(default="cdcd", pattern=r"^[a-z0-9_]{1,63}$")
+    """The logical replication slot (created when absent; lower case, digits and _)."""
     publication: str = Field(default="cdcd", pattern=r"^[A-Za-z0-9_]{1,63}$")
+    """The publication of `source.tables` (created when absent, checked when present; docs/postgres.md,
+    "Publication")."""
     heartbeat_s: float = Field(default=10.0, gt=0)
-    #: pgoutput protocol 2 with in-progress transaction streaming (PostgreSQL 14+); false: protocol 1.
+    """Seconds of quiet after which a heartbeat message keeps the slot advancing."""
     stream_in_progress: bool = True
+    """pgoutput protocol 2 (PostgreSQL 14+): large transactions stream while in progress, staged under state.path;
+    false: protocol 1."""
 
 
 class MySqlOptions(_Section):
     server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
-    #: How an incremental snapshot chunk's low watermark is taken (docs/mysql.md, "Incremental snapshots"): "auto"
-    #: is MariaDB's exact snapshot position, the bracketing position on MySQL (which has none).
+    """The server id cdcd replicates as: required for MySQL/MariaDB, unique among the server's replicas."""
     incremental_watermark: Literal["auto", "exact", "bracketing"] = "auto"
+    """How an incremental snapshot chunk's low watermark is taken (docs/mysql.md, "Incremental snapshots"): "auto" is
+    MariaDB's exact snapshot position, the bracketing position on MySQL (which has none)."""
 
 
 class SourceConfig(_Section):
     kind: Literal["postgres", "mariadb", "mysql"]
+    """The source database: postgres, mariadb or mysql."""
     host: str = "127.0.0.1"
+    """The server's host name or address."""
     port: int | None = Field(default=None, ge=1, le=65535)
+    """The server's port; unset: 5432 for postgres, 3306 for mariadb and mysql."""
     user: str
+    """The user cdcd connects as (the privileges it needs: docs/postgres.md, docs/mysql.md)."""
     password: SecretStr | None = None
+    """The password inline; never shown in logs, errors or /status. Set this or password_file, not both; neither: no
+    password (trust, peer)."""
     password_file: Path | None = None
+    """A file holding the password (a trailing newline is ignored); read only by the commands that connect."""
     database: str
+    """The database to capture (MySQL/MariaDB: the one connected to; tables name their own)."""
     tables: list[str] = Field(min_length=1)
+    """The captured tables, "schema.table" (MySQL/MariaDB: "database.table"); SIGHUP or `cdcd tables reload` re-reads
+    them."""
     sslmode: Literal["disable", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
+    """TLS as libpq means it: disable, prefer, require, verify-ca, verify-full."""
     sslrootcert: Path | None = None
+    """The CA bundle for verify-ca and verify-full; unset: the system's CAs."""
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds to wait for a connection."""
     postgres: PostgresOptions = PostgresOptions()
+    """PostgreSQL options."""
     mysql: MySqlOptions = MySqlOptions()
+    """MySQL/MariaDB options."""
 
     @field_validator("tables")
     @classmethod
@@ -104,55 +126,72 @@ class SourceConfig(_Section):
 
 class SnapshotConfig(_Section):
     mode: Literal["initial", "never", "initial_only", "when_needed"] = "initial"
+    """initial (snapshot, then stream), never (stream only), initial_only (snapshot, then exit), when_needed
+    (snapshot again when the position is lost)."""
     parallelism: int = Field(default=2, ge=1, le=64)
+    """Tables read at once during the initial snapshot."""
     chunk_rows: int = Field(default=50000, ge=1)
-    #: Bytes per snapshot block as well as rows: a chunk of huge rows is cut into blocks of about this size
-    #: (at least one row), so memory stays bounded whatever the row size.
+    """Rows per key-ordered snapshot chunk."""
     chunk_bytes: int = Field(default=32 << 20, ge=1 << 16)
+    """Bytes per snapshot block as well as rows: a chunk of huge rows is cut into blocks of about this size (at least
+    one row), so memory stays bounded whatever the row size."""
 
 
 class LandingConfig(_Section):
     path: Path = Path("/var/lib/cdcd/landing")
+    """The landing zone the Spark consumer reads (docs/landing-format.md)."""
     ack: Literal["landed", "consumed"] = "landed"
+    """landed: a batch is acked once durable in the landing zone; consumed: once the Spark consumer committed it."""
     max_batch_events: int = Field(default=50000, ge=1)
+    """A batch is cut at this many events ..."""
     max_batch_delay_ms: int = Field(default=500, ge=0)
+    """... or when its first event is this old (milliseconds)."""
     retention_s: float = Field(default=86400.0, ge=0)
+    """Consumed batches are removed after this many seconds; unconsumed ones never."""
 
 
 class HistoryTierConfig(_Section):
     every_s: float = Field(gt=0)
+    """Keep one earlier checkpoint per this many seconds ..."""
     span_s: float = Field(gt=0)
+    """... among those saved in the last this many seconds."""
 
 
 class StateConfig(_Section):
     path: Path = Path("/var/lib/cdcd/state")
-    #: The newest earlier checkpoints kept for `cdcd checkpoint rollback` ...
+    """The checkpoint, its history, the control token and the daemon's lock; one daemon per directory."""
     keep_checkpoints: int = Field(default=10, ge=1)
-    #: ... and, per tier, one per `every_s` of those saved in the last `span_s` seconds.
+    """The newest earlier checkpoints kept for `cdcd checkpoint rollback` ..."""
     checkpoint_history: list[HistoryTierConfig] = Field(default_factory=lambda: [
         HistoryTierConfig(every_s=60, span_s=3600), HistoryTierConfig(every_s=3600, span_s=86400)])
+    """... and, per tier, one per `every_s` of those saved in the last `span_s` seconds (a quiet source saves on
+    every heartbeat: a count alone reaches back minutes)."""
 
 
 class RuntimeConfig(_Section):
     max_inflight_batches: int = Field(default=4, ge=1)
+    """Batches delivered but not yet acked before reading pauses."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long to wait for acks before stopping without them (exit 3)."""
     reconnect_max_s: float = Field(default=60.0, gt=0)
-    #: A source outage (every reconnect failing) longer than this is fatal (exit 4); 0 retries for ever.
+    """The cap of the exponential backoff between reconnect attempts."""
     source_retry_timeout_s: float = Field(default=600.0, ge=0)
-    #: The longest one query or snapshot chunk on a source connection may take before the connection is
-    #: taken for dead (a transient error: reconnect).
+    """A source outage (every reconnect failing) longer than this is fatal (exit 4); 0 retries for ever."""
     source_read_timeout_s: float = Field(default=300.0, gt=0)
-    #: "tuned": Arrow on the system allocator, glibc with 2 arenas and fixed mmap/trim thresholds (freed memory
-    #: goes back to the system), Python's collector frozen after start-up and run less often (cdcd/memory.py,
-    #: docs/operations.md "Memory"); "default": leave the allocators and the collector as they are.
+    """The longest one query or snapshot chunk on a source connection may take before the connection is taken for
+    dead (a transient error: reconnect)."""
     memory: Literal["tuned", "default"] = "tuned"
+    """"tuned": Arrow on the system allocator, glibc with 2 arenas and fixed mmap/trim thresholds (freed memory goes
+    back to the system), Python's collector frozen after start-up and run less often (docs/operations.md,
+    "Memory"); "default": the allocators and the collector as they are."""
 
 
 class HttpConfig(_Section):
     listen: str = Field(default="127.0.0.1:9187", pattern=r"^(\[[0-9a-fA-F:]+\]|[^:\s]*):\d{1,5}$|^$")
-    #: The control token's file (POST endpoints need it); unset: the daemon writes a new one to
-    #: state.path/http-token (0600) at every start (cdcd/daemon/token.py).
+    """host:port of /metrics, /healthz, /readyz, /status and the control endpoints; "" turns the listener off."""
     token_file: Path | None = None
+    """The control token's file (POST /snapshot and /tables/reload need the token); unset: the daemon writes a new
+    one to state.path/http-token (0600) at every start (docs/operations.md, "Control token")."""
 
     @property
     def enabled(self) -> bool:
@@ -166,17 +205,26 @@ class HttpConfig(_Section):
 
 class LogConfig(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
+    """debug, info, warning or error (re-read on SIGHUP)."""
     format: Literal["auto", "json", "console"] = "auto"
+    """auto (JSON unless stdout is a TTY), json or console."""
 
 
 class Config(_Section):
     source: SourceConfig
+    """The source database and its tables."""
     snapshot: SnapshotConfig = SnapshotConfig()
+    """The initial snapshot."""
     landing: LandingConfig = LandingConfig()
+    """The landing zone."""
     state: StateConfig = StateConfig()
+    """The checkpoint store."""
     runtime: RuntimeConfig = RuntimeConfig()
+    """The pipeline's limits and retries."""
     http: HttpConfig = HttpConfig()
+    """The HTTP listener."""
     log: LogConfig = LogConfig()
+    """Logging."""
 
 
 def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> None:
