@@ -84,6 +84,12 @@ class Chunk:
 class ChunkReader(Protocol):
     """A source's part: watermarks and key-ordered chunk reads that write nothing to the source's tables."""
 
+    async def prepare(self, job: SnapshotJob) -> None:
+        """Before the job's first chunk read in this run (its first LW): wait until the reads can see every
+        change of the table the stream will not deliver (PostgreSQL: transactions that wrote to it before it
+        joined the publication). Raises like ``read``; a no-op where the stream delivers every change."""
+        ...
+
     async def read(self, job: SnapshotJob, limit: int) -> Chunk:
         """LW, the chunk after ``job.last_key`` (at most ``limit`` rows, matching ``job.where``), HW. A reader
         that re-reads (``Incremental.key_json`` set) also reads up to ``limit`` of ``job.reread`` by key in the
@@ -206,6 +212,7 @@ class Incremental:
         self.current: SnapshotJob | None = None
         self.window: Window | None = None
         self.pending: Chunk | None = None  # read, waiting for the stream to reach its HW
+        self._prepared: SnapshotJob | None = None  # the job ``reader.prepare`` last returned for
         self._delivered: Position | None = None  # the last streamed item ``before`` let through
         self.dropped: set[TableId] = set()  # tables no longer captured: their streamed changes are dropped
         self._out: list[Item] = []  # marks to emit before the next streamed item
@@ -488,6 +495,9 @@ class Incremental:
             job = self.current
             assert job is not None and self.reader is not None
             try:
+                if self._prepared is not job:  # once per job and run, before its first chunk's LW
+                    await self.reader.prepare(job)
+                    self._prepared = job
                 chunk = await self.reader.read(job, self.chunk_rows)
             except Exception as exc:  # sorted below: the job's fault, a fatal error, or a retry
                 why = self.reader.job_error(exc)

@@ -276,6 +276,9 @@ class MyChunkReader:
         gtid = await self._rows(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
         return parse_gtid_set("mariadb", str(gtid[0][0] or ""))
 
+    async def prepare(self, job: SnapshotJob) -> None:
+        """Nothing to wait for: the binlog carries every transaction that commits after the LW, whenever it began."""
+
     def poke(self, chunk: Chunk) -> None:
         """The binlog may be idle: once the reader has read up to the HW, deliver the chunk with a mark there."""
         stream = self._src._stream

@@ -15,6 +15,14 @@ Per chunk (``PgChunkReader.read``), on two connections of its own:
 4. the high watermark (HW): another logical message.
 
 The chunk's rows are parsed with the snapshot's ``CopyDecoder`` (the same landed values as the initial snapshot).
+
+Before the first chunk of a table that joined the publication (a reload or a restart added it, a re-created table
+was published again) or of a snapshot resumed after a restart (``PgChunkReader.prepare``): pgoutput never sends
+the changes a transaction made to a table before the table joined the publication, even when it commits later,
+and a chunk read cannot see them while the transaction is open. So the first LW waits until every transaction
+in progress when the job starts (``pg_current_snapshot()``'s list, which holds every transaction open before the
+table joined and still open) has ended; the chunk reads after it see what they committed. The wait is bounded
+(``OPEN_TX_LIMIT_S``): past it the job fails, naming the transactions, and ``cdcd snapshot`` starts it again.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+import structlog
 
 from cdcd.capture.incremental import Chunk, SnapshotJob
 from cdcd.errors import SourceError, SourceFatal
+from cdcd.events import TableId
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import escaped_literal, quote_ident, quote_table
@@ -35,9 +45,29 @@ from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
 from cdcd.sources.postgres.stream import PgTables
 from cdcd.sources.postgres.types import key_text
 
+log = structlog.get_logger("cdcd.source.postgres")
+
 #: How often the lag wait (step 2) looks again.
 _LAG_POLL_S = 0.01
 _MASK = 0xFFFFFFFF
+#: The longest the first chunk of a table that joined the publication waits for the transactions open when its
+#: job started (docs/postgres.md, "Incremental snapshots"); past it the job fails, naming them.
+OPEN_TX_LIMIT_S = 600.0
+#: How often that wait looks again, and how often it logs the transactions it waits for.
+_OPEN_TX_POLL_S = 0.2
+_OPEN_TX_LOG_S = 30.0
+_OPEN = ("SELECT coalesce(array_agg(x::text ORDER BY x), '{}') FROM unnest($1::text[]::xid8[]) x "
+         "WHERE pg_xact_status(x) = 'in progress'")
+#: Who holds each open transaction: its session (pg_stat_activity shows another user's backend_xid only to a role
+#: with pg_read_all_stats) or a prepared transaction.
+_HOLDERS = """
+SELECT x::text AS xid, a.pid, a.usename, a.application_name, a.state, a.xact_start::text AS since,
+       p.gid, p.prepared::text AS prepared
+FROM unnest($1::text[]::xid8[]) x
+LEFT JOIN pg_stat_activity a ON a.backend_xid::text = (x::text::bigint & 4294967295)::text
+LEFT JOIN pg_prepared_xacts p ON p.transaction::text = (x::text::bigint & 4294967295)::text
+ORDER BY x
+"""
 
 
 def _key_row(tables: PgTables, job: SnapshotJob, values: list[Any]) -> str:
@@ -113,6 +143,13 @@ class PgChunkReader:
         self._mark_conn: Any = None
         #: Called between the chunk's read and its HW (tests change the chunk's rows there, on the real server).
         self.after_read: Callable[[SnapshotJob], Awaitable[None]] | None = None
+        #: Tables that joined the publication in this process (a reload, a re-created table published again) or
+        #: whose snapshot the checkpoint holds as started (a restart may have added them): their next job's first
+        #: chunk waits for the transactions open when it starts (``prepare``).
+        self.joined: set[TableId] = set()
+        self.open_tx_limit_s = OPEN_TX_LIMIT_S
+        #: The wait ``prepare`` is in, for /status (``incremental_waiting``); None: none.
+        self.waiting: dict[str, Any] | None = None
 
     @staticmethod
     def key_json(schema: Any, key: tuple[Any, ...]) -> list[Any]:
@@ -167,6 +204,62 @@ class PgChunkReader:
         data, texts = await asyncio.to_thread(decoder.decode_keyed, pieces + extra, rows + found)
         return Chunk(job, shape.schema, data, texts, last_key, PgPosition(lw, 0), PgPosition(hw, 0),
                      rows < limit, invisible_to(snapshot), reread)
+
+    async def prepare(self, job: SnapshotJob) -> None:
+        """Before the first chunk of a table in ``joined``: wait until every transaction in progress now has
+        ended (module docstring). Bounded by ``open_tx_limit_s``: then a ``SourceFatal`` fails the job."""
+        if job.table not in self.joined:
+            return
+        _conn, marks = await self._conns()
+        xids = list(await marks.fetchval(
+            "SELECT coalesce(array_agg(x::text ORDER BY x), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x"))
+        open_ = list(await marks.fetchval(_OPEN, xids)) if xids else []
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        logged: float | None = None
+        waits = bool(open_)
+        try:
+            while open_:
+                holders = await self._holders(marks, open_)
+                waited = loop.time() - start
+                self.waiting = {"table": str(job.table), "transactions": holders, "waited_s": round(waited, 1),
+                                "limit_s": self.open_tx_limit_s}
+                if waited >= self.open_tx_limit_s:
+                    raise SourceFatal(
+                        f"incremental snapshot of {job.table} on {self._t.params.where}: {len(holders)} transaction(s) "
+                        f"open when the table joined the publication are still in progress after "
+                        f"{self.open_tx_limit_s:g}s: {'; '.join(holders)}. pgoutput never streams what they wrote to "
+                        "the table before it joined, so its snapshot cannot start before they end. Fix: end them "
+                        "(COMMIT or ROLLBACK in their session, SELECT pg_terminate_backend(pid), or COMMIT PREPARED / "
+                        f"ROLLBACK PREPARED 'gid'), then snapshot the table again: cdcd snapshot -c CONFIG {job.table}")
+                if logged is None or loop.time() - logged >= _OPEN_TX_LOG_S:
+                    (log.info if logged is None else log.warning)(
+                        "incremental snapshot waits for transactions open when the table joined the publication",
+                        table=str(job.table), transactions=holders, waited_s=round(waited, 1),
+                        limit_s=self.open_tx_limit_s)
+                    logged = loop.time()
+                await asyncio.sleep(_OPEN_TX_POLL_S)
+                open_ = list(await marks.fetchval(_OPEN, open_))
+        finally:
+            self.waiting = None
+        if waits:
+            log.info("transactions open when the table joined the publication ended; its snapshot starts",
+                     table=str(job.table), waited_s=round(loop.time() - start, 1))
+        self.joined.discard(job.table)
+
+    @staticmethod
+    async def _holders(conn: Any, xids: list[str]) -> list[str]:
+        """Each open transaction of ``xids`` with who holds it, for the log, /status and the error."""
+        out: list[str] = []
+        for r in await conn.fetch(_HOLDERS, xids):
+            if r["gid"] is not None:
+                out.append(f"xid {r['xid']} (prepared transaction {r['gid']!r} since {r['prepared']})")
+            elif r["pid"] is not None:
+                out.append(f"xid {r['xid']} (pid {r['pid']}, user {r['usename']}, application "
+                           f"{r['application_name']!r}, {r['state']} since {r['since']})")
+            else:
+                out.append(f"xid {r['xid']} (its session is not visible to this user: grant it pg_read_all_stats)")
+        return out
 
     async def _wait_committing(self, conn: Any) -> None:
         """Wait until no transaction is both committed in the commit log and still listed as running."""

@@ -199,6 +199,9 @@ class PostgresSource(Source):
         incremental snapshots the checkpoint holds as running."""
         fresh = self._start_mark is not None  # a first start or a new snapshot: every table is in it
         marks, jobs = plan_tables(state, self._tables, fresh, self._last_position(), log)
+        # a table added now (or before a restart, its snapshot still running) may have joined the publication while
+        # a transaction that wrote to it was open: the job's first chunk waits for those (``PgChunkReader.prepare``)
+        self._chunks.joined.update(j.table for j in jobs if j.started)
         # a fresh start snapshots every table: no flag of the old state stands
         self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale, self._tables))
         self._incr.dropped = set()
@@ -257,6 +260,7 @@ class PostgresSource(Source):
             raise
         self._t.infos[t] = info
         self._t.shapes[t] = shape_from_info(info, self._t.registry)
+        self._chunks.joined.add(t)  # its snapshot waits for transactions open when it joined the publication
         # its new OID is the baseline from now on; the flag stays in the checkpoint until the re-snapshot completes
         self._incr.emit(Mark(MarkKind.TABLES, self._last_position(),
                              {"tables": [str(x) for x in self._tables], "oids": {str(t): info.oid}}))
@@ -290,6 +294,7 @@ class PostgresSource(Source):
             warn_unknown(self._t.shapes[t], self._t.warnings)
         self._tables = self._t.tables = list(new)
         self._stream.capture(self._tables)
+        self._chunks.joined.update(added)  # their snapshots wait for transactions open when they joined
         self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
         self._incr.cancel(set(removed), "the table was removed from source.tables")
         at = self._last_position()
@@ -419,6 +424,8 @@ class PostgresSource(Source):
         if self._system:
             out["timeline"] = self._system.get("timeline")
         out.update(self._incr.status())
+        if self._chunks.waiting is not None:
+            out["incremental_waiting"] = self._chunks.waiting
         if self._snapshot_tables:
             out["snapshot"] = {
                 str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}
