@@ -475,8 +475,8 @@ class MySqlSource(Source):
         """Incremental snapshots on MySQL fence their low watermark with GTIDs (cdcd/sources/mysql/chunks.py)."""
         if self.flavor == "mysql" and not self.gtid_mode:
             raise ConfigError(f"{what}: incremental snapshots on MySQL need GTIDs (gtid_mode = ON and "
-                              "enforce_gtid_consistency = ON, see docs/mysql.md); without them restart cdcd with "
-                              "snapshot.mode = \"always\" to take a new snapshot instead")
+                              "enforce_gtid_consistency = ON, see docs/mysql.md); without them take a new snapshot: "
+                              "stop cdcd, move state.path aside and start again (docs/mysql.md, \"Limits\")")
 
     async def _apply_tables(self, new: list[TableId]) -> None:
         """A reload (in the chunk task, between chunks): the binlog reader's table filter is fixed when it
