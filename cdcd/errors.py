@@ -30,6 +30,13 @@ class SourceFatal(SourceError):
     fatal = True
 
 
+class PositionLost(SourceFatal):
+    """The checkpoint's position is no longer in the source's history: the replication slot is gone or lost WAL
+    it needs, binlogs were purged or reset, or the server is another history. Never resumed (a restart would
+    either fail again or, worse, go on from the wrong place): its own exit code, which the service units and
+    container files do not restart."""
+
+
 class CheckpointError(CdcdError):
     """The checkpoint could not be saved; the runtime retries the save on a timer."""
 

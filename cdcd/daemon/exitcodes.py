@@ -2,14 +2,14 @@
 
 systemd's ``RestartPreventExitStatus`` lists the codes a restart cannot cure
 (configuration, a second daemon on the state directory, a corrupt
-checkpoint).
+checkpoint, a lost source position).
 """
 
 from __future__ import annotations
 
 import enum
 
-from cdcd.errors import CheckpointFatal, ConfigError, SinkError, SourceError, StateDirLocked
+from cdcd.errors import CheckpointFatal, ConfigError, PositionLost, SinkError, SourceError, StateDirLocked
 
 
 class ExitCode(enum.IntEnum):
@@ -22,6 +22,7 @@ class ExitCode(enum.IntEnum):
     CHECKPOINT_FATAL = 6  # the checkpoint is corrupt or unusable
     STATE_DIR_LOCKED = 7  # another daemon holds the state directory
     STOP_TIMEOUT = 8  # cdcd stop / force-stop: the daemon did not exit within --timeout
+    POSITION_LOST = 9  # the checkpoint's position is gone from the source (slot, purged/reset binlog, other history)
     CONFIG = 78  # EX_CONFIG from sysexits.h: the configuration is invalid
 
 
@@ -29,6 +30,8 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code for the error that ended the daemon."""
     if isinstance(exc, ConfigError):
         return ExitCode.CONFIG
+    if isinstance(exc, PositionLost):
+        return ExitCode.POSITION_LOST
     if isinstance(exc, SourceError):
         return ExitCode.SOURCE_FATAL
     if isinstance(exc, SinkError):

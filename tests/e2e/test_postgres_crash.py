@@ -153,7 +153,7 @@ def test_dropped_slot_stops_the_daemon_with_a_fatal_error(setup: Setup) -> None:
     s.server.psql(f"SELECT pg_drop_replication_slot('{s.slot}')")
     proc = s.start("landed")
     code = proc.wait(60)
-    assert code == 4, s.log.read_text()[-3000:]  # SOURCE_FATAL
+    assert code == 9, s.log.read_text()[-3000:]  # POSITION_LOST
     assert "named by the checkpoint does not exist" in s.log.read_text()
     assert s.server.psql(f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{s.slot}'") == "0"
     assert os.path.exists(s.state / "checkpoint.json")

@@ -79,7 +79,7 @@ def test_systemd_unit_matches_the_daemon(unit: str) -> None:
     assert _seconds(s["WatchdogSec"][0]) > 1  # the pipeline ticks at least every second
     assert s["Restart"] == ["on-failure"]
     prevented = {int(c) for c in s["RestartPreventExitStatus"][0].split()}
-    assert {ExitCode.CONFIG, ExitCode.STATE_DIR_LOCKED, ExitCode.CHECKPOINT_FATAL} == prevented
+    assert {ExitCode.CONFIG, ExitCode.STATE_DIR_LOCKED, ExitCode.CHECKPOINT_FATAL, ExitCode.POSITION_LOST} == prevented
     assert s["SuccessExitStatus"] == [str(int(ExitCode.FORCE_STOPPED))]
     assert s["User"] and s["User"] != ["root"]
     for key, value in (("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),

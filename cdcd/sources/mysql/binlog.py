@@ -25,7 +25,7 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import event as bl
 from pymysqlreplication import row_event as rows
 
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import PositionLost, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, event_count
 from cdcd.sockets import keepalive
 from cdcd.sources.mysql.columnar import BlockBuilder
@@ -146,7 +146,7 @@ def classify(exc: BaseException, where: str) -> BaseException:
         code = exc.args[0]
         msg = exc.args[1] if len(exc.args) > 1 else ""
         if code == 1236:
-            return SourceFatal(
+            return PositionLost(
                 f"the server cannot send the binlog from {where}: {msg}. The binlog or GTIDs needed to resume "
                 "were purged: those changes are lost to cdcd. Re-snapshot: stop cdcd, remove the state "
                 "directory (state.path) and the landing zone, start again (snapshot.mode = \"initial\"), or set "

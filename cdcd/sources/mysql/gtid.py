@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from cdcd.errors import SourceFatal
+from cdcd.errors import PositionLost
 
 _MARIA_ITEM = re.compile(r"^(\d+)-(\d+)-(\d+)$")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -185,7 +185,7 @@ def parse_gtid_set(flavor: str, text: str) -> GtidSet:
 def check_not_purged(flavor: str, have: str, purged: str) -> None:
     """MySQL: ``gtid_purged`` must be a subset of what the checkpoint already has.
 
-    Raises SourceFatal naming the missing transactions otherwise.
+    Raises PositionLost naming the missing transactions otherwise.
     """
     if flavor != "mysql" or not purged.strip():
         return
@@ -193,7 +193,7 @@ def check_not_purged(flavor: str, have: str, purged: str) -> None:
     gone = MySqlGtidSet.parse(purged)
     missing = gone.missing_from(mine)
     if missing:
-        raise SourceFatal(
+        raise PositionLost(
             f"the server purged GTIDs {missing} that the checkpoint (executed set {have or 'empty'}) has not seen: "
             "those changes are lost to cdcd. Re-snapshot: stop cdcd, remove the state directory (state.path) and "
             "the landing zone, and start again with snapshot.mode = \"initial\" (or use snapshot.mode = "

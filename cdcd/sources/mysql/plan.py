@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from cdcd.errors import SourceFatal
+from cdcd.errors import PositionLost, SourceFatal
 from cdcd.positions import MySqlPosition, Position
 from cdcd.sources.mysql.identity import BinlogFacts, Verdict
 from cdcd.sources.mysql.state import MySqlState
@@ -75,10 +75,10 @@ def after_verdict(verdict: Verdict | str | None, mode: str, pos: MySqlPosition, 
     if mode == "when_needed":
         return Step.RESNAPSHOT
     if isinstance(verdict, str):
-        raise SourceFatal(f"{verdict}. {LOST_FIX}")
+        raise PositionLost(f"{verdict}. {LOST_FIX}")
     files = facts.files
     oldest = files[0] if files else "(none)"
-    raise SourceFatal(
+    raise PositionLost(
         f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
         f"the server (purged; the oldest binlog is {oldest}): the changes since then are lost to cdcd. "
         + RESNAPSHOT_FIX

@@ -25,7 +25,7 @@ from cdcd.capture.contracts import CapturePlan, Replan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
 from cdcd.config import Config
-from cdcd.errors import ConfigError, SourceError, SourceFatal
+from cdcd.errors import ConfigError, PositionLost, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import MySqlPosition, Position
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -34,7 +34,15 @@ from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.failures import query_error
 from cdcd.sources.mysql.gtid import check_not_purged
-from cdcd.sources.mysql.identity import BinlogFacts, PositionLost, PurgedFile, Verdict, judge, same_server
+from cdcd.sources.mysql.identity import (
+    BinlogAt,
+    BinlogFacts,
+    PurgedFile,
+    Verdict,
+    judge,
+    parse_event_gtid,
+    same_server,
+)
 from cdcd.sources.mysql.plan import LOST_FIX, Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory, parse_ddl
@@ -172,6 +180,33 @@ class MySqlSource(Source):
             gtid_mode=v.get("gtid_mode", "OFF").upper() == "ON",
             binlogs=[(str(r[0]), int(r[1])) for r in logs])
 
+    async def _facts_at(self, facts: BinlogFacts, pos: MySqlPosition) -> BinlogFacts:
+        """``facts`` with what the server's binlog holds at ``pos``'s file and offset (``identity.BinlogAt``), when
+        ``pos`` is a place in this server's binlog that is still on it: the check that the binlog is still the
+        history ``pos`` was read from (``identity.check_transaction``)."""
+        if not pos.file or pos.epoch < self._epoch or pos.file not in dict(facts.binlogs) or \
+                not self._gtid_usable(pos.gtid):
+            return facts  # judged by file and GTID set alone (identity.judge)
+        boundary, event_gtid = True, None
+        try:
+            events = await self._query("SHOW BINLOG EVENTS IN %s FROM %s LIMIT 1", (pos.file, pos.pos))
+        except SourceError as exc:
+            cause = exc.__cause__
+            if getattr(cause, "args", (None,))[0] != 1220:  # "Wrong offset or I/O error": no event starts there
+                raise
+            boundary = False
+        else:
+            if events:
+                event_gtid = parse_event_gtid(str(events[0][2]), str(events[0][5] or ""))
+        before = None
+        if facts.flavor == "mariadb" and boundary:
+            rows = await self._query("SELECT BINLOG_GTID_POS(%s, %s)", (pos.file, pos.pos))
+            if rows[0][0] is None:
+                boundary = False  # MariaDB: NULL where no event starts
+            else:
+                before = str(rows[0][0])
+        return dataclasses.replace(facts, at=BinlogAt(pos.file, pos.pos, boundary, before, event_gtid))
+
     async def _drop_control(self) -> None:
         if self._ctl is not None:
             with contextlib.suppress(Exception):
@@ -260,7 +295,7 @@ class MySqlSource(Source):
             assert state.snapshot is not None
             wm_pos = state.snapshot.watermark
             what = "the interrupted snapshot's watermark"
-            verdict = self._judged(facts, recorded, wm_pos, what, mode)
+            verdict = self._judged(await self._facts_at(facts, wm_pos), recorded, wm_pos, what, mode)
             if verdict is Step.RESNAPSHOT:
                 return self._resnapshot_plan(mode, facts)
             assert isinstance(verdict, Verdict)
@@ -279,7 +314,7 @@ class MySqlSource(Source):
             self._last_was_commit = self._last_is_commit()
         else:
             self._last_was_commit = not state.inside_tx
-        verdict = self._judged(facts, recorded, pos, "the checkpoint", mode)
+        verdict = self._judged(await self._facts_at(facts, pos), recorded, pos, "the checkpoint", mode)
         if verdict is Step.RESNAPSHOT:
             return self._resnapshot_plan(mode, facts)
         assert isinstance(verdict, Verdict)
@@ -365,7 +400,7 @@ class MySqlSource(Source):
             return fallback, []
         if self._coord.last_item is not None:
             self._last_was_commit = self._last_is_commit()
-        facts = await self._server_facts()
+        facts = await self._facts_at(await self._server_facts(), pos)
         verdict = self._judge(facts, self._server, pos, "the last delivered transaction")
         if verdict is None or isinstance(verdict, str):
             raise self._lost_error(verdict or (f"binlog file {pos.file} of the last delivered transaction ({pos}) is "
@@ -382,7 +417,7 @@ class MySqlSource(Source):
     def _lost_error(self, problem: str) -> SourceError:
         if self.config.snapshot.mode == "when_needed":
             return Replan(f"{problem}; snapshot.mode = when_needed re-plans (a new snapshot)")
-        return SourceFatal(f"{problem}. {LOST_FIX}")
+        return PositionLost(f"{problem}. {LOST_FIX}")
 
     async def _watch_history(self, channel: Channel) -> None:
         """While streaming, check every HISTORY_CHECK_S that the server's binlog still holds the last delivered
@@ -395,7 +430,12 @@ class MySqlSource(Source):
                 continue
             try:
                 facts = await self._server_facts()
-            except SourceError:
+                if same_server(self._server, facts):
+                    facts = await self._facts_at(facts, pos)
+            except SourceError as exc:
+                if exc.fatal:
+                    channel.finish(exc)
+                    return
                 continue  # the control connection is down: the stream notices the outage itself
             if not same_server(self._server, facts):
                 channel.finish(SourceError(f"the server behind {self.conn.where} is now "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from cdcd.errors import SourceFatal
+from cdcd.errors import PositionLost, SourceFatal
 from cdcd.sources.postgres.catalog import SlotInfo
 from cdcd.sources.postgres.state import PgState
 
@@ -36,7 +36,7 @@ def decide(state: PgState, slot: SlotInfo | None, configured_slot: str, mode: st
                               "with a fresh state.path")
         if slot is None:
             if mode != "when_needed":
-                raise SourceFatal(slot_gone_message(state.slot, where))
+                raise PositionLost(slot_gone_message(state.slot, where))
             return Step.NEW_SLOT_AFTER_LOSS
         return Step.RESUME
     if slot is None:
@@ -51,7 +51,7 @@ def check_slot(slot: SlotInfo, database: str) -> None:
             f"replication slot {slot.name!r} uses plugin {slot.plugin!r} on database {slot.database!r}; cdcd needs "
             f"a pgoutput slot on {database!r}: set source.postgres.slot to another name")
     if slot.wal_status == "lost":
-        raise SourceFatal(f"replication slot {slot.name!r} has lost WAL it needs (wal_status=lost, "
+        raise PositionLost(f"replication slot {slot.name!r} has lost WAL it needs (wal_status=lost, "
                           "max_slot_wal_keep_size exceeded): drop it and re-snapshot")
 
 

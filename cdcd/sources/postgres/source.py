@@ -20,7 +20,7 @@ from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
 from cdcd.config import Config
-from cdcd.errors import ConfigError, SourceError, SourceFatal
+from cdcd.errors import ConfigError, PositionLost, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -329,7 +329,7 @@ class PostgresSource(Source):
         try:
             changed = judge_system(self._system, facts, self._reached(), history, self._params.where)
         except HistoryDiverged as exc:
-            raise SourceFatal(f"{exc}. {HISTORY_FIX.replace('SLOT', self._slot)}") from None
+            raise PositionLost(f"{exc}. {HISTORY_FIX.replace('SLOT', self._slot)}") from None
         if changed:
             if self._system:
                 log.warning("the server moved to a new timeline that contains everything captured; following it",

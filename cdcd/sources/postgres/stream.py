@@ -31,7 +31,7 @@ import asyncpg
 import structlog
 
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import PositionLost, SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId
 from cdcd.positions import PgPosition, Position, format_lsn
 from cdcd.sources.postgres import catalog, pgoutput
@@ -299,7 +299,7 @@ class PgStream:
                 yield item
         except PgServerError as exc:
             if exc.sqlstate == "42704" and "replication slot" in exc.server_message:
-                raise SourceFatal(slot_gone_message(self._slot, self.where)) from exc
+                raise PositionLost(slot_gone_message(self._slot, self.where)) from exc
             if exc.sqlstate == "42704" and "publication" in exc.server_message:
                 raise SourceFatal(
                     f"{exc}: the slot's decoding point is older than publication {self._publication!r} (the slot "
