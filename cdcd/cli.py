@@ -229,6 +229,9 @@ def cmd_tables_reload(args: argparse.Namespace) -> int:
     answer = _request(config, args, "/tables/reload", {})
     if isinstance(answer, int):
         return answer
+    if "pending" in answer:  # not applied yet: never reported as added
+        print(f"cdcd: {answer.get('error')}", file=sys.stderr)
+        return ExitCode.FAILURE
     added, removed = answer.get("added") or [], answer.get("removed") or []
     if not added and not removed:
         print(f"reloaded: source.tables unchanged ({', '.join(answer.get('tables') or [])})")

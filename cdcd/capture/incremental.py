@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcd.config import Config
-from cdcd.errors import ConfigError, SourceError
+from cdcd.errors import CdcdError, ConfigError, SourceError
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
 from cdcd.positions import Position, position_from_json
 from cdcd.retry import source_backoff
@@ -216,7 +216,8 @@ class Incremental:
         self._delivered: Position | None = None  # the last streamed item ``before`` let through
         self.dropped: set[TableId] = set()  # tables no longer captured: their streamed changes are dropped
         self._out: list[Item] = []  # marks to emit before the next streamed item
-        self._work: collections.deque[Callable[[], Awaitable[None]]] = collections.deque()
+        # work for the chunk task (a reload) and the future its submitter awaits
+        self._work: collections.deque[tuple[Callable[[], Awaitable[None]], asyncio.Future[None]]] = collections.deque()
         self._wake = asyncio.Event()
         self._error: BaseException | None = None
         self.reload_error: str | None = None  # why the last table reload failed (None: it worked, or none yet)
@@ -276,10 +277,16 @@ class Incremental:
                         f"CONFIG {table}` (a whole-table incremental snapshot; the consumer then drops the old rows)",
                         table=str(table))
 
-    def submit(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run ``work`` in the chunk task before the next chunk (a table reload: catalog reads, publication)."""
-        self._work.append(work)
+    def submit(self, work: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
+        """Run ``work`` in the chunk task before the next chunk (a table reload: catalog reads, publication).
+
+        The future is done once ``work`` is: its result, or its error (also logged and in ``/status``). A reconnect
+        that cancels the chunk task while ``work`` runs puts it back first in line: the next run does it again
+        (``work`` must leave nothing half done when cancelled)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._work.append((work, done))
         self._wake.set()
+        return done
 
     def cancel(self, tables: set[TableId], why: str) -> None:
         """Tables no longer captured (a reload): their queued jobs go, the running one ends as cancelled, their
@@ -475,15 +482,39 @@ class Incremental:
         retry = source_backoff(self._config, f"incremental snapshot reads on {self._where}")
         while True:
             while self._work:
-                work = self._work.popleft()
+                work, done = self._work[0]
                 try:
                     await work()
-                    self.reload_error = None
+                except asyncio.CancelledError:  # a reconnect or a stop: it stays first in line for the next run
+                    raise
                 except Exception as exc:  # a reload that cannot be done (a publication cdcd may not change):
-                    # the stream goes on with the tables it had; the error is logged and in /status
+                    # the stream goes on with the tables it had; the error is logged and in /status. A driver's
+                    # error (a connection closed by a reconnect, a server restarting) is retried with the backoff
+                    # (SourceFatal once runtime.source_retry_timeout_s is spent: then the reload failed).
+                    if not isinstance(exc, CdcdError):
+                        try:
+                            delay = retry.failure(exc)
+                        except SourceError as gave_up:
+                            exc = gave_up
+                        else:
+                            self._log.warning("table reload interrupted; retrying", error=str(exc) or repr(exc),
+                                              retry_in_s=round(delay, 2))
+                            await asyncio.sleep(delay)
+                            continue
+                    self._work.popleft()
                     self.reload_error = str(exc) or repr(exc)
                     self._log.error("table reload failed; still capturing the previous tables",
                                     error=self.reload_error)
+                    if not done.done():
+                        done.set_exception(exc)
+                        done.exception()  # logged above: no "never retrieved" warning when nobody awaits it
+                    continue
+                self._work.popleft()
+                self.reload_error = None
+                if retry.attempts:
+                    retry.success()
+                if not done.done():
+                    done.set_result(None)
             if self.current is None:
                 if not self.jobs:
                     self._wake.clear()

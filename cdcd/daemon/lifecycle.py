@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ class Daemon:
         self._ready_mono = 0.0
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
+        self._reloads: set[asyncio.Task[Answer]] = set()  # SIGHUP reloads under way
         self._http: HttpServer | None = None
         self.operator = Operator(config, config_path, lambda: self.rt)
 
@@ -148,7 +149,10 @@ class Daemon:
         self._force.set()
 
     def _on_reload(self) -> None:
-        self.operator.reload("SIGHUP")  # logs what it did, or why it changed nothing
+        # logs what it did, or why it changed nothing; held until done (the loop keeps only weak references)
+        task = asyncio.get_running_loop().create_task(self.operator.reload("SIGHUP"), name="cdcd-reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
@@ -227,7 +231,7 @@ class Daemon:
             "/status": lambda: Response.json(200, self.status()),
         }, {
             "/snapshot": lambda doc: _respond(self.operator.snapshot(doc)),
-            "/tables/reload": lambda doc: _respond(self.operator.reload("tables reload")),
+            "/tables/reload": lambda doc: _respond_async(self.operator.reload("tables reload")),
         }, token)
 
     async def _start(self) -> int | None:
@@ -338,6 +342,10 @@ class Daemon:
         finally:
             if live is not None:
                 live.stop()
+
+
+async def _respond_async(answer: Awaitable[Answer]) -> Response:
+    return _respond(await answer)
 
 
 def _respond(answer: Answer) -> Response:

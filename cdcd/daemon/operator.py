@@ -10,6 +10,7 @@ the same reload without an answer (docs/operations.md).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,15 @@ from typing import Any
 import structlog
 
 from cdcd.config import Config, load_config
-from cdcd.errors import ConfigError
+from cdcd.errors import CdcdError, ConfigError
 from cdcd.logging import set_level
 from cdcd.runtime.runtime import Runtime, RuntimeState
 
 _log = structlog.get_logger("cdcd.operator")
 
+#: How long a reload's answer waits for the source to apply a changed table list (below the 10 s the cdcd
+#: commands wait for an answer, ``control.post``).
+RELOAD_WAIT_S = 8.0
 #: Config sections a reload applies while running; every other change waits for a restart.
 _RELOADED = ("log.level", "source.tables")
 
@@ -73,8 +77,12 @@ class Operator:
         return Answer(202, {"queued": {"table": table, "where": where},
                             "progress": rt.source.snapshot_progress()})
 
-    def reload(self, origin: str) -> Answer:
-        """Re-read the config file: apply ``log.level`` and ``source.tables``; nothing at all on an error."""
+    async def reload(self, origin: str) -> Answer:
+        """Re-read the config file: apply ``log.level`` and ``source.tables``; nothing at all on an error.
+
+        A changed table list is answered once the source applied it (RELOAD_WAIT_S at most): 200 with what was
+        added and removed, 400 with why nothing changed (an added table missing or without a key; also in
+        ``/status`` as ``table_reload_error``), 202 while it is still being applied (never "added" before it is)."""
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:
@@ -88,8 +96,15 @@ class Operator:
                 _log.error("config not reloaded", error=rt.doc["error"])
                 return rt
             try:
-                rt.source.reload_tables(tables)
-            except ConfigError as exc:
+                applied = rt.source.reload_tables(tables)
+                await asyncio.wait_for(asyncio.shield(applied), RELOAD_WAIT_S)
+            except TimeoutError:
+                msg = (f"{origin}: source.tables {tables!r} is still being applied after {RELOAD_WAIT_S:.0f} s (the "
+                       "source may be reconnecting); `cdcd status` shows the tables once captured, or the reload's "
+                       "error (table_reload_error)")
+                _log.warning(msg)
+                return Answer(202, {"pending": tables, "error": msg})
+            except CdcdError as exc:  # ConfigError at once; the source's refusal once it tried (logged there)
                 msg = f"{origin}: source.tables not reloaded, the running daemon is unchanged: {exc}"
                 _log.error(msg)
                 return Answer(400, {"error": msg})

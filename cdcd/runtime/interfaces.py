@@ -13,6 +13,7 @@ A ``Sink`` lands batches durably and reports acks, possibly out of order.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,9 +126,11 @@ class Source(abc.ABC):
         captured (naming the configured list)."""
         raise ConfigError(f"the {self.kind} source cannot snapshot a table while it runs")
 
-    def reload_tables(self, tables: list[str]) -> None:
-        """The captured table list is now ``tables`` (what SIGHUP calls after re-reading source.tables): added
-        tables are snapshotted incrementally while streaming, removed ones stop being captured."""
+    def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
+        """The captured table list is to be ``tables`` (what SIGHUP calls after re-reading source.tables): added
+        tables are snapshotted incrementally while streaming, removed ones stop being captured. Raises
+        ``ConfigError`` for a list it refuses at once; the future is done once the reload is applied (a reconnect
+        meanwhile does not drop it), or holds why it was not (an added table that does not exist or has no key)."""
         raise ConfigError(f"the {self.kind} source cannot change its tables while it runs")
 
     def snapshot_progress(self) -> list[dict[str, Any]]:

@@ -503,13 +503,13 @@ class MySqlSource(Source):
         self._check_incremental("snapshot request")
         self._incr.request(check_table(table, sorted(self.tables)), where)
 
-    def reload_tables(self, tables: list[str]) -> None:
+    def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
         new = parse_tables(tables)
         if self.config.snapshot.mode == "initial_only":
             raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
         if any(t not in self.tables for t in new):
             self._check_incremental("table reload (an added table is snapshotted incrementally)")
-        self._incr.submit(lambda: self._apply_tables(new))
+        return self._incr.submit(lambda: self._apply_tables(new))
 
     def _check_incremental(self, what: str) -> None:
         """Incremental snapshots on MySQL fence their low watermark with GTIDs (cdcd/sources/mysql/chunks.py)."""
@@ -533,6 +533,13 @@ class MySqlSource(Source):
             if not found:
                 raise SourceError(f"table reload: table {t} does not exist on {self._where}; create it, or correct "
                                   "source.tables and reload again")
+        keyless = [str(t) for t in added if not await self._query(
+            "SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+            "AND CONSTRAINT_TYPE = 'PRIMARY KEY'", (t.schema, t.name))]
+        if keyless:  # its incremental snapshot reads in primary-key order: refused before anything changes
+            raise SourceError(f"table reload: {', '.join(keyless)} on {self._where} has no primary key, so it cannot "
+                              "be snapshotted while streaming; not added. Fix: ALTER TABLE ... ADD PRIMARY KEY (...) "
+                              "and reload again, or leave it out of source.tables")
         before = self.tables
         self.tables = set(new)  # the next binlog connection's filter (the running one keeps its own set)
         try:

@@ -266,11 +266,11 @@ class PostgresSource(Source):
                              {"tables": [str(x) for x in self._tables], "oids": {str(t): info.oid}}))
         log.info("re-created table published again; re-snapshotting it", table=str(t), oid=info.oid)
 
-    def reload_tables(self, tables: list[str]) -> None:
+    def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
         new = parse_tables(tables)
         if not self._stream_changes:
             raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
-        self._incr.submit(lambda: self._apply_tables(new))
+        return self._incr.submit(lambda: self._apply_tables(new))
 
     def snapshot_progress(self) -> list[dict[str, Any]]:
         return self._incr.progress()
@@ -284,6 +284,12 @@ class PostgresSource(Source):
             return
         sql = await self._t.ensure_sql()
         infos = {t: await catalog.table_info(sql, t) for t in added}
+        keyless = [str(t) for t, info in infos.items() if not info.key]
+        if keyless:  # its incremental snapshot reads in key order: refused before the publication is touched
+            raise SourceError(f"table reload: {', '.join(keyless)} has no primary key or replica identity index, so "
+                              "it cannot be snapshotted while streaming; not added. Fix: ALTER TABLE ... ADD PRIMARY "
+                              "KEY (...), or ALTER TABLE ... REPLICA IDENTITY USING INDEX on a unique index of NOT "
+                              "NULL columns, and reload again, or leave it out of source.tables")
         known = {**self._t.infos, **infos}
         await catalog.ensure_publication(sql, self._publication, [t for t in new if t in known], known)
         oids = {c.type_oid for info in infos.values() for c in info.columns}
