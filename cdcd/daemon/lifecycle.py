@@ -230,7 +230,7 @@ class Daemon:
             "/readyz": self._readyz,
             "/status": lambda: Response.json(200, self.status()),
         }, {
-            "/snapshot": lambda doc: _respond(self.operator.snapshot(doc)),
+            "/snapshot": lambda doc: _respond_async(self.operator.snapshot(doc)),
             "/tables/reload": lambda doc: _respond_async(self.operator.reload("tables reload")),
         }, token)
 

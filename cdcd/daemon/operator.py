@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from cdcd.config import Config, load_config
-from cdcd.errors import CdcdError, ConfigError
+from cdcd.errors import CdcdError, ConfigError, SourceError
 from cdcd.logging import set_level
 from cdcd.runtime.runtime import Runtime, RuntimeState
 
@@ -58,7 +58,7 @@ class Operator:
                                          "`cdcd status` says it is ready"})
         return rt
 
-    def snapshot(self, doc: dict[str, Any]) -> Answer:
+    async def snapshot(self, doc: dict[str, Any]) -> Answer:
         """Queue an incremental snapshot of ``doc["table"]`` (rows matching ``doc["where"]`` if given)."""
         table, where = doc.get("table"), doc.get("where")
         if not isinstance(table, str) or not (where is None or isinstance(where, str)):
@@ -69,10 +69,16 @@ class Operator:
             return rt
         where = (where.strip() or None) if where is not None else None  # an empty condition: the whole table
         try:
+            if where is not None:  # refused now with the server's words, not later in the daemon's snapshot task
+                await rt.source.check_where(table, where)
             rt.source.request_snapshot(table, where)
         except ConfigError as exc:
             _log.error("snapshot request refused", table=table, where=where, error=str(exc))
             return Answer(400, {"error": str(exc)})
+        except SourceError as exc:  # the source could not be asked: nothing was queued
+            _log.error("snapshot request not checked", table=table, where=where, error=str(exc))
+            return Answer(503, {"error": f"snapshot request: the condition could not be checked on the source: "
+                                         f"{exc}; nothing was queued, retry"})
         _log.info("incremental snapshot requested", table=table, where=where)
         return Answer(202, {"queued": {"table": table, "where": where},
                             "progress": rt.source.snapshot_progress()})

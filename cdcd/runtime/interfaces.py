@@ -126,6 +126,11 @@ class Source(abc.ABC):
         captured (naming the configured list)."""
         raise ConfigError(f"the {self.kind} source cannot snapshot a table while it runs")
 
+    async def check_where(self, table: str, where: str) -> None:
+        """Refuse (``ConfigError`` with the server's message) a ``where`` condition the source cannot evaluate on
+        ``table``, before a snapshot request is accepted: it is planned on a connection of its own, never run."""
+        raise ConfigError(f"the {self.kind} source cannot snapshot a table while it runs")
+
     def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
         """The captured table list is to be ``tables`` (what SIGHUP calls after re-reading source.tables): added
         tables are snapshotted incrementally while streaming, removed ones stop being captured. Raises

@@ -140,6 +140,12 @@ def test_tables_reload_and_sighup_and_refused_requests(
     d.wait("public.items landed", lambda: sum(
         t.num_rows for b in read_batches(tmp_path / "landing") for tid, t in b.tables.items()
         if str(tid) == "public.items") >= 100)
+    # a condition the server cannot plan is refused with its words before anything is queued
+    for bad, words in (("id >", "syntax error"), ("no_such_column = 1", 'column "no_such_column" does not exist'),
+                       ("id > 1; DROP TABLE public.items", "syntax error")):
+        refused = cdcd("snapshot", "-c", str(cli), "public.items", "--where", bad)
+        assert refused.returncode == ExitCode.FAILURE and words in refused.stderr, refused.stderr
+    assert job(d, "public.items")["where"] is None  # type: ignore[index]
     where = cdcd("snapshot", "-c", str(cli), "public.items", "--where", "id > 80")
     assert where.returncode == 0 and "the rows of public.items where id > 80" in where.stdout, where.stderr
     d.wait("the WHERE snapshot done", lambda: done(d, "public.items", before=1))

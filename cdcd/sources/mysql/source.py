@@ -32,7 +32,7 @@ from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import Channel, StartPoint
 from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
-from cdcd.sources.mysql.failures import query_error
+from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of, query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import (
     BinlogAt,
@@ -46,7 +46,7 @@ from cdcd.sources.mysql.identity import (
 from cdcd.sources.mysql.plan import LOST_FIX, Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.schema import SchemaHistory, parse_ddl
-from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status
+from cdcd.sources.mysql.snapshot import SnapshotTask, Watermark, parse_binlog_status, quote_ident
 from cdcd.sources.mysql.state import MySqlState, fold_state
 from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
 from cdcd.sources.mysql.tls import Tls, TlsError
@@ -502,6 +502,22 @@ class MySqlSource(Source):
             raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
         self._check_incremental("snapshot request")
         self._incr.request(check_table(table, sorted(self.tables)), where)
+
+    async def check_where(self, table: str, where: str) -> None:
+        t = check_table(table, sorted(self.tables))
+        conn = await self.conn.open()  # not the control connection: another task may be using it
+        try:
+            async with asyncio.timeout(self.config.runtime.source_read_timeout_s), conn.cursor() as cur:
+                await cur.execute(f"EXPLAIN SELECT 1 FROM {quote_ident(t.schema)}.{quote_ident(t.name)} "
+                                  f"WHERE ({where})")
+        except Exception as exc:
+            code = code_of(exc)
+            if code is not None and code not in TRANSIENT_CODES and not 2000 <= code < 3000:  # the server's answer
+                raise ConfigError(f"snapshot request: the condition {where!r} does not work on {t}: {exc.args[1]} "
+                                  f"(the server's words on {self._where}, error {code}); correct --where") from None
+            raise query_error(exc, f"checking a snapshot condition on {self._where}") from exc
+        finally:
+            conn.close()
 
     def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
         new = parse_tables(tables)

@@ -244,6 +244,18 @@ class PostgresSource(Source):
             self._incr.submit(lambda: self._republish(t))
         self._incr.request(t, where)
 
+    async def check_where(self, table: str, where: str) -> None:
+        t = check_table(table, self._tables)
+        conn = await catalog.connect_sql(self._params)
+        try:  # fetch: the extended protocol plans exactly one statement
+            await conn.fetch(f"EXPLAIN SELECT 1 FROM {catalog.quote_table(t)} WHERE ({where})",
+                             timeout=self._config.runtime.source_read_timeout_s)
+        except asyncpg.PostgresError as exc:
+            raise ConfigError(f"snapshot request: the condition {where!r} does not work on {t}: {exc} (the "
+                              f"server's words on {self._params.where}); correct --where") from None
+        finally:
+            await conn.close(timeout=5)
+
     async def _republish(self, t: TableId) -> None:
         """A table re-created under a captured name: add it to the publication again (when cdcd created it;
         else the error names the statement to run) and decode it with its new catalog facts."""

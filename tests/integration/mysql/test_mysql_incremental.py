@@ -483,3 +483,20 @@ async def test_a_replaced_table_stays_listed_across_a_restart_until_its_snapshot
         state, status = d.state, src.status()
     assert "tables_needing_snapshot" not in status and "tables_needing_snapshot" not in state
     assert replay_covered(got + more, f"{maria_db}.t") == await source_rows(maria_server, maria_db)
+
+
+async def test_a_snapshot_condition_the_server_cannot_plan_is_refused_with_its_words(
+        maria_server: MariaDBServer, maria_db: str, make_config: Callable[..., Config],
+        sql: Callable[..., list[Any]]) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1)")
+    async with Driver(make_config(["t"], snapshot={"mode": "never"})) as d:
+        src = d.source
+        await src.check_where(f"{maria_db}.t", "id > 0 AND v < 5")  # a good condition passes
+        for bad, words in (("id >", "SQL syntax"), ("nope = 1", "Unknown column 'nope'"),
+                           ("id > 0; DROP TABLE t", "SQL syntax")):
+            with pytest.raises(ConfigError, match="does not work on") as refused:
+                await src.check_where(f"{maria_db}.t", bad)
+            assert words in str(refused.value)
+        with pytest.raises(ConfigError, match="is not captured"):
+            await src.check_where(f"{maria_db}.other", "id > 0")
+    assert sql("SELECT COUNT(*) FROM t")[0][0] == 1
