@@ -136,9 +136,21 @@ def _print_status(doc: dict[str, Any]) -> None:
                 "gtid"):
         if source.get(key) is not None:
             print(f"  source.{key}: {source[key]}")
+    if source.get("tables"):
+        print(f"  captured tables: {', '.join(source['tables'])}")
+    for table, why in sorted((source.get("tables_needing_snapshot") or {}).items()):
+        print(f"  needs a re-snapshot: {table}: {why}")
+    if source.get("table_reload_error"):
+        print(f"  last table reload FAILED: {source['table_reload_error']}")
+    if source.get("incremental_waiting"):
+        print(f"  incremental snapshot waiting: {json.dumps(source['incremental_waiting'], default=str)}")
+    if source.get("last_error"):
+        print(f"  source.last_error: {source['last_error']}")
     for table, t in sorted((source.get("snapshot") or {}).items()):
         state = "done" if t.get("done") else "running"
-        print(f"  snapshot {table}: {t.get('rows', 0)} of ~{t.get('total_estimate', '?')} rows ({state})")
+        estimate = t.get("total_estimate")
+        of = f" of ~{estimate}" if estimate else " (no row estimate: the table has no statistics yet)"
+        print(f"  snapshot {table}: {t.get('rows', 0)} rows{of} ({state})")
     for job in doc.get("incremental_snapshots") or ():
         where = f" where {job['where']}" if job.get("where") else ""
         line = (f"  incremental snapshot {job.get('table')}{where}: {job.get('state')}, {job.get('chunks', 0)} chunks, "
@@ -149,6 +161,9 @@ def _print_status(doc: dict[str, Any]) -> None:
     stats = doc.get("stats") or {}
     if stats.get("last_error"):
         print(f"  last error: {stats['last_error']}")
+    fault = doc.get("storage_fault")
+    if fault:
+        print(f"  STORAGE FAULT for {fault.get('failing_for_s')} s: {fault.get('error')}")
     ckpt = doc.get("checkpoint")
     if ckpt:
         print(f"  checkpoint: batch {ckpt.get('batch_seq')}, {ckpt.get('event_count')} events, "

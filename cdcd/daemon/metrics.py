@@ -124,6 +124,8 @@ def metrics_from_status(
                     "Reconnects of the replication/binlog stream inside the source (stalls and connection losses)",
                     source.get("reconnects"))
 
+    out += _tables_metrics(source)
+
     error = stats.get("last_error")
     out += _gauge("cdcd_last_error_present", "1 when the runtime has recorded an error", int(bool(error)))
     if error:
@@ -155,6 +157,25 @@ def _snapshot_metrics(source: Mapping[str, Any]) -> Iterable[Metric]:
             estimate.add_metric([str(table)], est)
     yield rows
     yield estimate
+
+
+def _tables_metrics(source: Mapping[str, Any]) -> Iterable[Metric]:
+    """What the operator acts on: the captured tables, those waiting for a re-snapshot, a failed reload."""
+    captured = GaugeMetricFamily("cdcd_table_captured", "1 for each table the daemon captures now", labels=["table"])
+    for table in source.get("tables") or ():
+        captured.add_metric([str(table)], 1.0)
+    yield captured
+    pending = GaugeMetricFamily("cdcd_table_needs_snapshot",
+                                "1 for each captured table waiting for a re-snapshot (dropped and re-created, ...)",
+                                labels=["table"])
+    for table in sorted(source.get("tables_needing_snapshot") or {}):
+        pending.add_metric([str(table)], 1.0)
+    yield pending
+    yield GaugeMetricFamily("cdcd_table_reload_failed", "1 while the last table reload failed (see /status)",
+                            value=float(bool(source.get("table_reload_error"))))
+    yield GaugeMetricFamily("cdcd_incremental_snapshot_waiting",
+                            "1 while an incremental snapshot waits for transactions open when its table was added",
+                            value=float(source.get("incremental_waiting") is not None))
 
 
 _INCREMENTAL_STATES = ("queued", "running", "done", "failed", "cancelled", "replaced")

@@ -199,6 +199,13 @@ def test_a_replaced_table_stays_in_status_after_a_sigkill_until_its_snapshot_com
     daemons.append(d)
     d.wait_ready()
     assert d.status()["source"]["tables_needing_snapshot"] == {"public.orders": why}
+    # what the operator acts on shows in `cdcd status` and in the metrics
+    shown = cdcd("status", "-c", str(cfg))
+    assert "captured tables: public.orders" in shown.stdout and f"needs a re-snapshot: public.orders: {why}" \
+        in shown.stdout, shown.stdout
+    metrics = (d.get("/metrics") or (0, ""))[1]
+    assert 'cdcd_table_needs_snapshot{table="public.orders"} 1.0' in metrics
+    assert 'cdcd_table_captured{table="public.orders"} 1.0' in metrics and "cdcd_table_reload_failed 0.0" in metrics
     asked = cdcd("snapshot", "-c", str(cfg), "public.orders")
     assert asked.returncode == 0, asked.stderr
     d.wait("the re-snapshot done", lambda: done(d, "public.orders"))

@@ -212,3 +212,20 @@ def test_commands_that_never_connect_do_not_need_the_secret(tmp_path: Path, caps
     assert main(["check", "-c", str(cfg)]) == ExitCode.CONFIG
     assert main(["verify", "-c", str(cfg), "--target", str(tmp_path / "target")]) == ExitCode.CONFIG
     assert "source.password_file: cannot read" in capsys.readouterr().err
+
+
+def test_status_shows_what_the_operator_acts_on(capsys: pytest.CaptureFixture[str]) -> None:
+    from cdcd.cli import _print_status
+
+    _print_status({"running": True, "pid": 7, "stats": {"events_committed": 1}, "storage_fault": {
+        "error": "checkpoint saves are failing: No space left on device", "failing_for_s": 12.5},
+        "source": {"phase": "snapshot", "tables": ["public.a", "public.b"], "last_error": "connection reset",
+                   "table_reload_error": "table public.c has no primary key", "snapshot": {
+                       "public.a": {"rows": 200, "total_estimate": 0, "done": False},
+                       "public.b": {"rows": 5, "total_estimate": 1000, "done": True}}}})
+    out = capsys.readouterr().out
+    assert "captured tables: public.a, public.b" in out and "source.last_error: connection reset" in out
+    assert "last table reload FAILED: table public.c has no primary key" in out
+    assert "STORAGE FAULT for 12.5 s: checkpoint saves are failing" in out
+    assert "snapshot public.a: 200 rows (no row estimate" in out and "of ~0" not in out
+    assert "snapshot public.b: 5 rows of ~1000 (done)" in out

@@ -581,7 +581,7 @@ class MySqlSource(Source):
         coord = self._coord
         out: dict[str, Any] = {"connected": coord.connected, "phase": coord.phase, "flavor": self.flavor,
                                "reconnects": coord.reconnects, "last_error": coord.last_error,
-                               "position_epoch": self._epoch}
+                               "position_epoch": self._epoch, "tables": [str(t) for t in sorted(self.tables)]}
         if self._server is not None:
             out["server_id"] = self._server["server_id"]
         snap = self._snapshot.snapshotter if self._snapshot is not None else None

@@ -437,6 +437,7 @@ class PostgresSource(Source):
             "slot": self._slot if self._stream_changes else None,
             "reconnects": coord.reconnects,
             "last_error": coord.last_error,
+            "tables": [str(t) for t in self._tables],
             **self._stream.status(),
         }
         if self._system:
