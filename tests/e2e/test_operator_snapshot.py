@@ -132,6 +132,16 @@ def test_tables_reload_and_sighup_and_refused_requests(
                                          for e in d.log_lines()))
     assert (d.get("/readyz") or (0,))[0] == 200 and job(d, "public.items") is None
 
+    # a reload the daemon cannot apply (a table without a key to snapshot it by) exits 1 with the daemon's reason,
+    # and the table is not captured
+    pg_server.psql("CREATE TABLE nokey (v int)", pg_db)
+    cfg.write_text(good.replace('tables = ["public.orders"]', 'tables = ["public.orders", "public.nokey"]'))
+    failed = cdcd("tables", "reload", "-c", str(cli))
+    assert failed.returncode == ExitCode.FAILURE and "public.nokey" in failed.stderr, failed.stdout + failed.stderr
+    assert "added" not in failed.stdout
+    assert d.status()["source"]["tables"] == ["public.orders"]
+    assert "is not captured" in cdcd("snapshot", "-c", str(cli), "public.nokey").stderr
+
     cfg.write_text(good.replace('tables = ["public.orders"]', 'tables = ["public.orders", "public.items"]'))
     reloaded = cdcd("tables", "reload", "-c", str(cli))
     assert reloaded.returncode == 0, reloaded.stderr
