@@ -1,0 +1,1 @@
+"""Dev-only helpers, not installed with cdcd: the soak (``devtools.soak``)."""
