@@ -233,6 +233,53 @@ def test_failover_after_a_kill_inside_a_transaction_delivers_the_rest_of_it_once
         s.close()
 
 
+def test_failover_inside_a_group_committed_transaction_delivers_the_rest_of_it_once(
+        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    """The transaction was group-committed on the primary (its GTID event carries a commit id) and committed
+    alone by the replica (a shorter GTID event): the same rows sit at other byte offsets in the two copies. The
+    rest of it after the checkpoint lands once, nothing of it is skipped."""
+    primary, replica = pair
+    s = Setup(tmp_path, primary.port)
+    try:
+        s.start("consumed", snapshot={"mode": "never"})
+        s.wait("the stream start in the checkpoint", lambda: s.checkpoint() is not None)
+        # the primary's binlog group commit waits for a second transaction: the two commit as one group
+        run_sql(primary, None, "SET GLOBAL binlog_commit_wait_count = 2",
+                "SET GLOBAL binlog_commit_wait_usec = 5000000")
+        other = threading.Thread(target=run_sql, args=(primary, "app", "INSERT INTO t VALUES (3000, 0, 'grouped')"))
+        other.start()
+        run_sql(primary, "app", "INSERT INTO t SELECT seq, seq, 'big' FROM seq_1001_to_1200")  # one transaction
+        other.join(30)
+        run_sql(primary, None, "SET GLOBAL binlog_commit_wait_count = 0")
+        gtids = [e for e in run_sql(primary, None, "SHOW BINLOG EVENTS IN 'mysql-bin.000004'") if e[2] == "Gtid"]
+        assert any("cid=" in str(e[5]) for e in gtids), gtids  # the group's commit id, in the primary's copy only
+        s.wait("60 events landed", lambda: sum(len(rows(b)) for b in s.batches()) >= 60)
+        acked_rows, last_acked = s.consume_upto(30)
+        s.wait("the checkpoint covers the acked batches",
+               lambda: (c := s.checkpoint()) is not None and c.batch_seq >= last_acked)
+        ckpt = s.checkpoint()
+        assert ckpt is not None and ckpt.source_state.get("inside_tx") is True
+        acked = {r["id"] for r in acked_rows}
+        assert acked and acked < set(range(1001, 1201)) | {3000}, "the checkpoint is inside the big transaction"
+        s.kill()
+        max_seq = max(b.seq for b in s.batches())
+        replica.wait_replicated(primary)
+        replica_gtids = [e for e in run_sql(replica, None, "SHOW BINLOG EVENTS IN 'mysql-bin.000001'")
+                         if e[2] == "Gtid"]
+        assert replica_gtids and not any("cid=" in str(e[5]) for e in replica_gtids), replica_gtids
+        primary.stop()
+        replica.promote()
+        s.port = replica.port
+        s.start("landed", snapshot={"mode": "never"})
+        s.wait("the whole transaction landed", lambda: s.landed_ids() >= set(range(1001, 1201)) | {3000})
+        after = [r for b in s.batches() if b.seq > max_seq for r in rows(b)]
+        assert not {r["id"] for r in after} & acked, "an acked event of the transaction came again"
+        assert {r["id"] for r in after} == (set(range(1001, 1201)) | {3000}) - acked
+        assert len(after) == len({r["id"] for r in after})
+    finally:
+        s.close()
+
+
 def test_failover_to_a_replica_lacking_gtids_stops_naming_them(
         tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
     primary, replica = pair

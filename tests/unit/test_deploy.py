@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,46 @@ def test_containerfile_runs_cdcd_as_pid_1_unprivileged() -> None:
         assert "VOLUME" in stage
     assert "/healthz" in final["cdcd"] and "HEALTHCHECK" in final["cdcd"]
     assert "openjdk" in final["spark"] or "jre" in final["spark"]
+
+
+def test_container_entrypoint_is_the_wrapper_that_keeps_a_lost_position_stopped() -> None:
+    text = (DEPLOY / "container" / "Containerfile").read_text()
+    assert 'ENTRYPOINT ["/opt/cdcd/bin/cdcd-entrypoint"]' in text
+    assert "COPY --chmod=0755 deploy/container/cdcd-entrypoint.sh /opt/cdcd/bin/cdcd-entrypoint" in text
+    doc = (DEPLOY / "container" / "compose.yaml").read_text()
+    assert "restart: on-failure" in doc and "exit 9" in doc
+
+
+def _entrypoint(*args: str) -> subprocess.Popen[str]:
+    """The container's PID 1 script, running ``sh ARGS`` in place of cdcd (CDCD_BIN): the exit codes and
+    signals the script handles, without a source server."""
+    return subprocess.Popen([str(DEPLOY / "container" / "cdcd-entrypoint.sh"), *args], text=True,
+                            stderr=subprocess.PIPE, env={**os.environ, "CDCD_BIN": "/bin/sh"},
+                            start_new_session=True)
+
+
+def test_container_entrypoint_passes_exit_codes_and_signals_on() -> None:
+    proc = _entrypoint("-c", "exit 4")  # a fatal source error: the restart policy restarts the container
+    assert proc.wait(30) == 4
+    proc = _entrypoint("-c", "trap 'exit 0' TERM; echo up >&2; while :; do sleep 0.05; done")
+    assert proc.stderr is not None and proc.stderr.readline() == "up\n"
+    proc.send_signal(signal.SIGTERM)  # the graceful stop reaches cdcd, whose exit code is the container's
+    assert proc.wait(30) == 0
+
+
+def test_container_entrypoint_keeps_a_lost_position_stopped_until_the_container_stops() -> None:
+    proc = _entrypoint("-c", f"exit {int(ExitCode.POSITION_LOST)}")
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the script says so once cdcd has exited 9 ...
+        assert "exited 9, the source position is lost; not restarting" in line, line
+        assert proc.poll() is None  # ... and stays up: on-failure does not restart a running container
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == ExitCode.POSITION_LOST
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
 
 
 def test_compose_validates_and_waits_longer_than_the_grace_period() -> None:

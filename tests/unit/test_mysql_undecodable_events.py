@@ -44,7 +44,8 @@ def _decoder() -> Decoder:
 
 
 def _header(event_type: int, log_pos: int, size: int, flags: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(event_type=event_type, log_pos=log_pos, event_size=size, flags=flags)
+    # read_bytes: the body pymysqlreplication parsed before the row images (decode.row_image_bytes)
+    return SimpleNamespace(event_type=event_type, log_pos=log_pos, event_size=size, flags=flags, read_bytes=20)
 
 
 def _not_implemented(event_type: int, log_pos: int = 5000, size: int = 300, flags: int = 0) -> Any:
@@ -73,7 +74,8 @@ def test_known_events_without_rows_pass(event_type: int) -> None:
 
 def _partial_update(schema: str, table: str) -> Any:
     ev = object.__new__(PartialUpdateRowsEvent)
-    ev.__dict__.update(packet=_header(0x27, 6000, 200), event_type=0x27, schema=schema, table=table, timestamp=0)
+    ev.__dict__.update(packet=_header(0x27, 6000, 200), event_type=0x27, schema=schema, table=table, timestamp=0,
+                       event_size=181)
     return ev
 
 

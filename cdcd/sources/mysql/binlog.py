@@ -167,16 +167,13 @@ class BinlogReader:
     """One dump connection in a thread; items come out of ``channel``."""
 
     def __init__(self, settings: dict[str, Any], server_id: int, flavor: str, start: StartPoint, decoder: Decoder,
-                 only_schemas: list[str], only_tables: list[str], channel: Channel,
-                 on_event: Callable[[], None] | None = None, tls: Tls | None = None) -> None:
+                 channel: Channel, on_event: Callable[[], None] | None = None, tls: Tls | None = None) -> None:
         self.settings = settings
         self.tls = tls  # None: PyMySQL's own default
         self.server_id = server_id
         self.flavor = flavor
         self.start_point = start
         self.decoder = decoder
-        self.only_schemas = only_schemas
-        self.only_tables = only_tables
         self.channel = channel
         self.on_event = on_event
         self._conns: list[pymysql.connections.Connection] = []
@@ -222,7 +219,9 @@ class BinlogReader:
             kw.update(log_file=sp.file, log_pos=sp.pos, resume_stream=True)
         return BinLogStreamReader(
             connection_settings=dict(self.settings), server_id=self.server_id, blocking=True,
-            only_events=_EVENTS, only_schemas=self.only_schemas, only_tables=self.only_tables,
+            # no only_schemas / only_tables: the decoder numbers a transaction's rows events of every table
+            # (decode.py, seqs) and passes over those of tables it does not capture without decoding their rows
+            only_events=_EVENTS,
             slave_heartbeat=HEARTBEAT_S, pymysql_wrapper=self._connect, enable_logging=False,
             filter_non_implemented_events=False, **kw,
         )

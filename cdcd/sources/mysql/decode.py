@@ -3,10 +3,22 @@
 The decoder keeps only what the binlog itself says: the current file, where
 the open transaction started, its GTID, the GTID set of completed
 transactions, and the schema history. Positions are
-``(file, transaction start, seq)`` with seq counting the transaction's items
-from 1; every item of a transaction carries the GTID set *before* it, its
-``commit`` Mark the set *including* it, so resuming by GTID from any item
-restarts at (or right after) its transaction.
+``(file, transaction start, seq)``; every item of a transaction carries the
+GTID set *before* it, its ``commit`` Mark the set *including* it, so resuming
+by GTID from any item restarts at (or right after) its transaction.
+
+Seqs number the transaction's *content*, the same on every server that holds
+the transaction (a GTID replica after a failover) and whatever tables are
+captured (``source.tables``, a reload): each rows event of any table takes
+``1 + its row-image bytes`` seqs (the first for a possible schema mark, then
+one per row; a row image is at least one byte), each DDL statement two, the
+commit one. Event headers, GTID events (their size differs between a primary
+and its replica: commit ids, commit timestamps), table maps, annotations,
+checksums and event offsets take none. Rows events of tables that are not
+captured are read for their size alone (the reader does not filter tables:
+``binlog.py``). Checkpoints of earlier versions numbered by byte offset in the
+transaction; the transaction such a checkpoint is inside keeps that numbering
+(``legacy_tx``) so nothing of it is skipped or doubled, see ``state.py``.
 
 Row changes go out as ``ChangeBlock``s (``columnar.py``): the rows events of one table and schema version
 inside one transaction, cut at any other item (a schema mark, a DDL, the commit) and at a block's size
@@ -79,11 +91,19 @@ def event_start(ev: Any) -> int:
     return int(ev.packet.log_pos) - int(ev.packet.event_size)
 
 
+def row_image_bytes(ev: Any) -> int:
+    """The bytes of a rows event's row images: its body after the header and the columns-present bitmaps (what
+    pymysqlreplication has not read of it before the rows are decoded). The same wherever the event is logged:
+    the rows' values under the table's definition."""
+    return max(0, int(ev.event_size) - int(ev.packet.read_bytes))
+
+
 class Decoder:
     """Turns the binlog event sequence of one connection into items."""
 
     def __init__(self, flavor: str, tables: set[TableId], history: SchemaHistory, file: str, gtid: str,
-                 epoch: int = 0, columnar: bool = True, defer_builds: bool = False) -> None:
+                 epoch: int = 0, columnar: bool = True, defer_builds: bool = False,
+                 legacy_tx: tuple[int, int, int] | None = None) -> None:
         self.flavor = flavor
         self.columnar = columnar  # row changes as ChangeBlocks; False: one ChangeEvent per row
         #: hand on small blocks' BlockBuilders unbuilt (DEFER_ROWS, DEFER_BYTES), for ``columnar.build_blocks``
@@ -102,6 +122,10 @@ class Decoder:
         self.tx_xa = False  # the open group is the XA PREPARE part of a two-phase XA transaction
         self.seq = 0
         self.tx_events = 0
+        #: (epoch, file index, transaction start) of a transaction an earlier version's checkpoint is inside: its
+        #: seqs stay byte offsets in the transaction, as that version numbered them (``_legacy`` while in it)
+        self.legacy_tx = legacy_tx
+        self._legacy = False
         self.last_ts: datetime | None = None
         #: table id -> (its last table-map event, how it decodes, the table map's shape, the history's schema)
         self._decoded: dict[int, tuple[Any, _Decoded, tuple[Any, ...], TableSchema]] = {}
@@ -138,6 +162,12 @@ class Decoder:
         self.tx_xa = False
         self.seq = 0
         self.tx_events = 0
+        self._legacy = self.legacy_tx is not None and self.legacy_tx == (self.epoch, self.file_index, self.tx_start)
+
+    def _reserve(self, seqs: int) -> None:
+        """Move past seqs an event takes whether or not it yields items (content numbering, module doc)."""
+        if self.tx_start is not None and not self._legacy:
+            self.seq += seqs
 
     @property
     def tx_id(self) -> str:
@@ -220,11 +250,9 @@ class Decoder:
         handler = _HANDLERS.get(type(ev))
         if handler is None:
             return []
-        if self.tx_start is not None:
-            # Seqs count from the event's offset in its transaction, so that a position depends on the binlog
-            # alone: never on which tables are captured (source.tables) or on what was skipped before it. An
-            # event of n bytes takes at most n - 1 seqs (a rows event has fewer rows than bytes), so the next
-            # event's seqs are all higher.
+        if self._legacy and self.tx_start is not None:
+            # an earlier version's numbering (byte offsets in the transaction), for the one transaction its
+            # checkpoint is inside
             self.seq = max(self.seq, event_start(ev) - self.tx_start)
         if self._block is not None and handler is not Decoder._on_rows:
             items = handler(self, ev)
@@ -287,6 +315,7 @@ class Decoder:
 
     def _on_partial_update(self, ev: rows.PartialUpdateRowsEvent) -> list[Item]:
         if TableId(ev.schema, ev.table) not in self.tables:
+            self._reserve(1 + row_image_bytes(ev))
             return []
         raise SourceFatal(
             f"the binlog holds a PARTIAL_UPDATE_ROWS_EVENT for {ev.schema}.{ev.table} at {self._where(ev)}: the "
@@ -329,10 +358,13 @@ class Decoder:
         ts = self._ts(ev)
         for ddl in parse_ddl(query, default_db):
             table = ddl.table
-            if table is None or (table not in self.tables and ddl.new_table not in self.tables):
-                continue
-            # two seqs per statement on a captured table, used or not: positions depend only on the binlog
+            captured = table is not None and (table in self.tables or ddl.new_table in self.tables)
+            if not captured and self._legacy:
+                continue  # an earlier version's numbering: seqs for captured tables' statements only
+            # two seqs per statement, used or not, captured or not: positions depend only on the binlog
             slot, slot2 = self._pos(), self._pos()
+            if table is None or not captured:
+                continue
             if ddl.kind == "truncate" and table in self.tables:
                 current = self.history.at(table, slot)
                 if current is not None:
@@ -359,11 +391,20 @@ class Decoder:
         return items
 
     def _on_rows(self, ev: Any) -> list[Item]:
+        size = row_image_bytes(ev)  # before anything decodes the rows (that moves the packet's cursor)
         table = TableId(ev.schema, ev.table)
         if table not in self.tables:
+            self._reserve(1 + size)
             return []
         if self.tx_start is None:
             self._begin(ev, None, False, False)
+        end = self.seq + 1 + size  # this event's seqs: a schema mark's, then one per row (module doc)
+        items = self._rows(ev, table)
+        if not self._legacy:
+            self.seq = max(self.seq, end)
+        return items
+
+    def _rows(self, ev: Any, table: TableId) -> list[Item]:
         if self.tx_xa:
             raise SourceFatal(
                 f"the binlog holds a two-phase XA transaction ({self.tx_id}) that changes captured table {table}, "

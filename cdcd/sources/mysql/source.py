@@ -117,6 +117,9 @@ class MySqlSource(Source):
         self._server_due: dict[str, Any] | None = None  # an identity the checkpoint does not have yet
         self._last_was_commit = True  # the last emitted item was a commit Mark (not inside a transaction)
         self._resume_pos: MySqlPosition | None = None  # where the binlog stream (re)started from
+        #: (epoch, file index, transaction start) of the transaction a checkpoint of an earlier version is inside:
+        #: its seqs are byte offsets (decode.py, state.py "seqs")
+        self._legacy_tx: tuple[int, int, int] | None = None
 
     # ------------------------------------------------------------ connect
     @property
@@ -314,6 +317,8 @@ class MySqlSource(Source):
             self._last_was_commit = self._last_is_commit()
         else:
             self._last_was_commit = not state.inside_tx
+            if state.inside_tx and not state.content_seqs:
+                self._legacy_tx = (pos.epoch, pos.file_index, pos.pos)
         verdict = self._judged(await self._facts_at(facts, pos), recorded, pos, "the checkpoint", mode)
         if verdict is Step.RESNAPSHOT:
             return self._resnapshot_plan(mode, facts)
@@ -373,6 +378,13 @@ class MySqlSource(Source):
         """Resuming by GTID on another server re-sends the transaction ``pos`` is inside of: skip its items up to
         ``pos`` (they carry the GTID set before it and the same seq numbers, which the binlog alone defines)."""
         partial = pos.epoch < self._epoch and pos.file and not self._last_was_commit and pos.seq > 0
+        if partial and self._legacy_tx == (pos.epoch, pos.file_index, pos.pos):
+            # a checkpoint of an earlier version numbered the transaction by byte offsets on the old server, which
+            # the new server's copy does not share: skipping by them could lose rows. The whole transaction comes
+            # again (the mirror converges; the change-log holds its delivered part twice).
+            log.warning("following a failover from inside a transaction that a checkpoint of an earlier cdcd "
+                        "numbered by byte offsets: its delivered part is delivered again", position=str(pos))
+            partial = False
         self._stream.resend_skip = (pos.gtid, pos.seq) if partial else None
 
     def _last_is_commit(self) -> bool:

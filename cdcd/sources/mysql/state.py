@@ -8,6 +8,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "stream_start": <position JSON>,          # snapshot.mode = "never": where streaming began
      "server": {"server_id": int, "uuid": str, "epoch": int},
      "inside_tx": true,                        # present when the checkpoint's position is inside a transaction
+     "seqs": "content",                        # seqs number transaction content (decode.py); absent: written by
+                                               # an earlier version, byte offsets (matters only inside_tx)
      "tables_needing_snapshot": {"db.t": "DROP TABLE at ..."}}  # replaced tables, until a re-snapshot ends
 
 Incremental snapshots keep ``tables``, ``incremental`` and ``incremental_queued`` too
@@ -55,6 +57,7 @@ class MySqlState:
     stream_start: MySqlPosition | None = None  # snapshot.mode = "never": where streaming began
     server: dict[str, Any] | None = None  # {"server_id", "uuid", "epoch"}
     inside_tx: bool = False
+    content_seqs: bool = True  # False: inside a transaction an earlier version numbered by byte offsets
     schemas: Mapping[str, Any] = field(default_factory=dict)  # SchemaHistory JSON
     stale: Mapping[str, str] = field(default_factory=dict)  # replaced tables -> why (tables_needing_snapshot)
 
@@ -67,8 +70,15 @@ class MySqlState:
                       for name, e in (snap.get("tables") or {}).items()}
             progress = SnapshotProgress(_mysql_position(snap["watermark"]), bool(snap.get("done")), tables)
         start = _mysql_position(doc["stream_start"]) if doc.get("stream_start") else None
-        return cls(progress, start, doc.get("server"), bool(doc.get("inside_tx", False)), doc.get("schemas") or {},
-                   dict(doc.get("tables_needing_snapshot") or {}))
+        inside = bool(doc.get("inside_tx", False))
+        return cls(progress, start, doc.get("server"), inside, not inside or doc.get("seqs") == SEQS,
+                   doc.get("schemas") or {}, dict(doc.get("tables_needing_snapshot") or {}))
+
+
+#: The ``seqs`` entry of the state: positions inside a transaction number its content (decode.py). Checkpoints
+#: of earlier versions lack it; inside a transaction their seq is a byte offset in it, and the transaction keeps
+#: that numbering after an upgrade (``Decoder.legacy_tx``) until it commits.
+SEQS = "content"
 
 
 def _mysql_position(doc: dict[str, Any]) -> MySqlPosition:
@@ -130,6 +140,10 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
         elif kind in INCREMENTAL_KINDS:
             fold_incremental(new, item)
     _flush_keys(tables, last)
+    # content seqs from here on, unless the checkpoint is still inside a transaction an earlier version numbered
+    if new.get("seqs") == SEQS or not state.get("inside_tx") or \
+            any(type(i) is Mark and i.kind == MarkKind.COMMIT for i in items):
+        new["seqs"] = SEQS
     # whether the checkpoint's position is inside a transaction: resuming by GTID on another server re-sends
     # a partly delivered transaction, whose delivered items must then be skipped. The last streamed item says;
     # an incremental snapshot's rows and Marks placed inside a transaction change nothing (none: as before).

@@ -131,11 +131,9 @@ class MySqlStream:
         loop = asyncio.get_running_loop()
         channel = Channel(loop, QUEUE_ITEMS)
         decoder = Decoder(src.flavor, src.tables, src.history, start.file, start.gtid, src._epoch, self.columnar,
-                          defer_builds=True)
-        dbs = sorted({t.schema for t in src.tables})
-        names = sorted({t.name for t in src.tables})
-        reader = BinlogReader(src.conn.binlog_settings(STALL_S), src.server_id, src.flavor, start, decoder, dbs,
-                              names, channel, tls=src.tls)
+                          defer_builds=True, legacy_tx=src._legacy_tx)
+        reader = BinlogReader(src.conn.binlog_settings(STALL_S), src.server_id, src.flavor, start, decoder, channel,
+                              tls=src.tls)
         self.reader, self.channel = reader, channel
         reader.start()
         self._coord.connected = True
