@@ -5,7 +5,9 @@ during the grace period, or SIGQUIT at any time, force-stops (pending
 batches dropped and counted, checkpoint at the last acked batch, exit
 ``FORCE_STOPPED``); SIGHUP re-reads the config file and applies ``log.level``
 and ``source.tables`` (``cdcd.daemon.operator``; a file that does not load
-changes nothing).
+changes nothing). They arrive through ``cdcd.daemon.signals.SignalGuard``,
+which also bounds the whole stop, even while the event loop is held; a stop
+signal after the stop finished its work exits at once with the code decided.
 sd_notify: READY=1 once ``Runtime.start()`` returned (checkpoint loaded,
 source connected), STATUS= while running, STOPPING=1, WATCHDOG=1 from the
 pipeline loop.
@@ -14,15 +16,13 @@ pipeline loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -33,6 +33,7 @@ from cdcd.daemon.httpserver import HttpServer, Response
 from cdcd.daemon.operator import Answer, Operator
 from cdcd.daemon.progress import RateTracker, progress_fields, render_live, summary_line
 from cdcd.daemon.sdnotify import Notifier
+from cdcd.daemon.signals import SignalGuard
 from cdcd.daemon.token import daemon_token
 from cdcd.errors import CdcdError, StateError
 from cdcd.logging import bind_context
@@ -50,6 +51,9 @@ STORAGE_UNHEALTHY_AFTER_S = 30.0
 #: How often progress is logged when not on a TTY.
 PROGRESS_LOG_INTERVAL_S = 30.0
 _STATUS_INTERVAL_S = 2.0
+#: How long a cancelled step of the stop (the graceful stop a second signal overrides, the progress reporter)
+#: is waited for before the stop goes on without it.
+CANCEL_WAIT_S = 5.0
 
 
 class Daemon:
@@ -68,6 +72,7 @@ class Daemon:
         self._force = asyncio.Event()
         self._reloads: set[asyncio.Task[Answer]] = set()  # SIGHUP reloads under way
         self._http: HttpServer | None = None
+        self._guard: SignalGuard | None = None
         self.operator = Operator(config, config_path, lambda: self.rt)
 
     # -- status for HTTP, metrics, progress ---------------------------------------
@@ -135,7 +140,9 @@ class Daemon:
     # -- signals -------------------------------------------------------------------
 
     def _on_stop_signal(self, signame: str) -> None:
-        if self._stop.is_set():
+        if self._stop.is_set() and self.rt is not None and self.rt.state is RuntimeState.STOPPED:
+            _log.info("stop signal after the runtime stopped: nothing left to force", signal=signame)
+        elif self._stop.is_set():
             _log.warning("second stop signal: force-stopping", signal=signame)
             self._force.set()
         else:
@@ -155,18 +162,24 @@ class Daemon:
         task.add_done_callback(self._reloads.discard)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.add_signal_handler(signal.SIGTERM, self._on_stop_signal, "SIGTERM")
-        loop.add_signal_handler(signal.SIGINT, self._on_stop_signal, "SIGINT")
-        loop.add_signal_handler(signal.SIGQUIT, self._on_force_signal, "SIGQUIT")
-        loop.add_signal_handler(signal.SIGHUP, self._on_reload)
-
-    def _remove_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
+        # Not loop.add_signal_handler: its handlers cannot run while the loop is held (issue 27). Never removed:
+        # a signal after the stop must not kill the process with the signal's default action.
+        self._guard = SignalGuard(loop, self.config.runtime.shutdown_grace_s, self._on_stop_signal,
+                                  self._on_force_signal, self._on_reload)
+        self._guard.install()
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def run(self) -> int:
+        code: int = ExitCode.FAILURE  # an unexpected error
+        try:
+            code = await self._run()
+            return code
+        finally:
+            if self._guard is not None:
+                self._guard.decided(code)  # from here on a stop signal exits at once with it
+
+    async def _run(self) -> int:
         loop = asyncio.get_running_loop()
         src = self.config.source
         # Bound before the signal handlers are installed: their callbacks copy this context.
@@ -199,11 +212,9 @@ class Daemon:
         finally:
             if reporter is not None:
                 reporter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reporter
+                await asyncio.wait({reporter}, timeout=CANCEL_WAIT_S)
             if self._http is not None:
                 await self._http.close()
-            self._remove_signals(loop)
             self.notifier.close()
 
     def _make_runtime(self) -> Runtime:
@@ -243,9 +254,7 @@ class Daemon:
         stop_wait.cancel()
         if not start.done():
             self.notifier.stopping("stopping before the source connected")
-            start.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await start
+            await _cancel(start, "connecting to the source")
             _log.info("stopped before the source connected")
             return ExitCode.FORCE_STOPPED if self._force.is_set() else ExitCode.OK
         start.result()  # raises the start error
@@ -289,18 +298,18 @@ class Daemon:
                       committed_batch=self.rt.stats.committed_batch_seq)
             return ExitCode.OK
         if ended.done() and ended.exception() is not None:  # the pipeline failed while draining
-            stop.cancel()
-            with contextlib.suppress(asyncio.CancelledError, CdcdError):
-                await stop
+            await _cancel(stop, "the graceful stop")
             return self._ended(ended)
-        stop.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StateError):
-            await stop
+        await _cancel(stop, "the graceful stop")
         ended.cancel()
         return await self._force_stop("second stop signal")
 
     async def _force_stop(self, why: str) -> int:
         assert self.rt is not None
+        if self.rt.state is RuntimeState.STOPPING:  # the cancelled graceful stop is stuck: force_stop() would refuse
+            _log.error("force-stopped while the graceful stop is stuck; exiting without waiting for it", reason=why,
+                       committed_batch=self.rt.stats.committed_batch_seq)
+            return ExitCode.FORCE_STOPPED
         dropped = await self.rt.force_stop()
         _log.warning("force-stopped: pending events dropped; the checkpoint stays at the last acked batch",
                      reason=why, dropped_events=len(dropped), committed_batch=self.rt.stats.committed_batch_seq,
@@ -348,13 +357,31 @@ async def _respond_async(answer: Awaitable[Answer]) -> Response:
     return _respond(await answer)
 
 
+async def _cancel(fut: asyncio.Future[Any], what: str) -> None:
+    """Cancel ``fut`` and wait for it to end, at most ``CANCEL_WAIT_S``: a step that ignores its cancellation
+    (or is stuck in a finally) must not hold the stop."""
+    fut.cancel()
+    await asyncio.wait({fut}, timeout=CANCEL_WAIT_S)
+    if not fut.done():
+        _log.error(f"{what} did not end within {CANCEL_WAIT_S:g}s of being cancelled; the stop goes on without it")
+    elif not fut.cancelled() and fut.exception() is not None:
+        exc = fut.exception()
+        _log.warning(f"{what} ended with an error as it was cancelled", error=str(exc), error_type=type(exc).__name__)
+
+
 def _respond(answer: Answer) -> Response:
     return Response.json(answer.status, answer.doc)
 
 
-def run_daemon(config: Config, config_path: Path) -> int:
+def run_daemon(config: Config, config_path: Path) -> NoReturn:
     from cdcd import memory
 
     # Before asyncio.run: glibc's arena limit holds only for threads that allocate after it is set.
     settings = memory.apply(config.runtime.memory)
-    return asyncio.run(Daemon(config, config_path, memory=settings).run())
+    code = asyncio.run(Daemon(config, config_path, memory=settings).run())
+    # The work is done and the checkpoint saved: exit now, with this code. The interpreter's own exit would wait
+    # without a bound for leftover threads (a landing write a force-stop abandoned) and restores the signals'
+    # default actions before the process ends, so that a late SIGTERM would end it as killed by the signal.
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

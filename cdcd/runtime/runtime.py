@@ -48,6 +48,9 @@ __all__ = ["Runtime", "RuntimeState", "RuntimeStats"]
 #: Cap of the checkpoint save retry: a save is a few KB, so retrying often costs nothing and the
 #: pipeline resumes within seconds of the disk recovering.
 _CHECKPOINT_RETRY_MAX_S = 5.0
+#: The bound of each step of a stop outside the grace period: waiting for cancelled pipeline tasks to end,
+#: closing the source (then its connections are aborted), closing the sink. A stop never waits longer on one.
+STOP_STEP_S = 10.0
 
 
 @dataclass
@@ -495,8 +498,13 @@ class Runtime:
         reader = self._tasks.pop("reader", None)
         if reader is not None and not reader.done():
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await asyncio.wait({reader}, timeout=STOP_STEP_S)  # never swallows a cancel of the stop itself
+            if not reader.done():  # stuck in a finally: cancelled again and waited for (bounded) by _shutdown
+                self._tasks["reader-cancelled"] = reader
+                self._log.error(f"the reader did not stop within {STOP_STEP_S:g}s of being cancelled; the stop "
+                                "goes on without it and aborts the source's connections at the end")
+            elif not reader.cancelled() and (exc := reader.exception()) is not None:
+                raise exc  # as ``await reader`` did: the stop reports how the reader ended
 
     async def _flush_and_drain(self) -> None:
         """Hand the open batch to the deliverer, then wait until everything is committed."""
@@ -522,20 +530,40 @@ class Runtime:
         self._tasks.clear()
         for t in tasks:
             t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if tasks:  # their errors went to _task_done; a task that ignores its cancellation does not hold the stop
+            await asyncio.wait(tasks, timeout=STOP_STEP_S)
+        stuck = sorted(t.get_name() for t in tasks if not t.done())
+        if stuck:
+            self._log.error(f"pipeline tasks did not end within {STOP_STEP_S:g}s of being cancelled; the stop goes "
+                            "on without them", tasks=stuck)
+
+    async def _close_source(self) -> None:
+        """``source.close()``, waited for at most STOP_STEP_S; then its connections are aborted."""
+        try:
+            async with asyncio.timeout(STOP_STEP_S):
+                await self.source.close()
+        except TimeoutError:
+            self._log.error(f"closing the source did not end within {STOP_STEP_S:g}s; its connections are aborted "
+                            "(the server ends their sessions when it notices)")
+            self.source.terminate()
 
     async def _shutdown(self, graceful: bool, error: BaseException | None = None) -> None:
-        await self._cancel_tasks()
         try:
+            await self._cancel_tasks()
             if graceful:
-                await self.source.close()
+                await self._close_source()
             else:
                 self.source.terminate()
+        except BaseException:
+            if graceful:  # cancelled (a force-stop request) before the source was closed: abort its connections
+                self.source.terminate()
+            raise
         finally:
             try:
-                await self.sink.close()
+                async with asyncio.timeout(STOP_STEP_S):
+                    await self.sink.close()
+            except TimeoutError:
+                self._log.error(f"closing the landing sink did not end within {STOP_STEP_S:g}s; stopping without it")
             finally:
                 self.store.unlock()
                 self.state = RuntimeState.STOPPED

@@ -453,3 +453,122 @@ def test_sigquit_force_stops(pg_server: PostgresServer, pg_db: str, tmp_path: Pa
     assert d.exit_code() == ExitCode.FORCE_STOPPED
     ckpt = CheckpointStore(tmp_path / "state").load()
     assert ckpt is not None and ckpt.event_count == 6
+
+
+# -- a stop always ends, with the documented exit code (issue 27) -----------------------------------------
+
+
+def _fill_notify_queue(path: str) -> int:
+    """Queue datagrams on the notify socket until it is full, as a service manager that stopped reading."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        queued = 0
+        while True:
+            try:
+                probe.sendto(b"PROBE=1", socket.MSG_DONTWAIT, path)
+            except BlockingIOError:
+                return queued
+            queued += 1
+
+
+def test_sigterm_stops_while_the_service_manager_does_not_read_its_notify_socket(
+    pg_server: PostgresServer, pg_db: str, tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """The reported hang: sd_notify's blocking send held the event loop once the manager's queue was full (PID 1
+    under load), so the graceful stop never started and a second SIGTERM did nothing."""
+    create_orders(pg_server, pg_db, 20)
+    path = str(tmp_path / "notify.sock")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(path)
+    notify.settimeout(WAIT_S)
+    try:
+        cfg, http = make_config(tmp_path, pg_server.port, pg_db)
+        d = Daemon(cfg, http, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+        daemons.append(d)
+        while b"READY=1" not in notify.recv(4096):
+            pass
+        assert _fill_notify_queue(path) > 0  # from now on nobody reads it
+        d.proc.send_signal(signal.SIGTERM)  # STOPPING=1 (and the watchdog pings before it) meet the full queue
+        assert d.exit_code() == ExitCode.OK
+        events = [e["event"] for e in d.log_lines()]
+        assert "stopped gracefully" in events
+        assert any(e.startswith("sd_notify: the service manager is not reading") for e in events)
+    finally:
+        notify.close()
+
+
+def _pending(pid: int, sig: int) -> bool:
+    """Whether ``sig`` waits to be delivered to process ``pid`` (/proc's pending-signal masks)."""
+    masks = [int(line.split()[1], 16) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+             if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(m & (1 << (sig - 1)) for m in masks)
+
+
+def test_second_sigterm_ends_the_daemon_while_its_event_loop_is_held(
+    pg_server: PostgresServer, pg_db: str, tmp_path: Path
+) -> None:
+    """Synchronous code holding the event loop (here: a log line written to a stdout pipe nobody reads, as a
+    stalled log collector leaves it) must not make the daemon deaf: a second SIGTERM force-stops it (exit 3)."""
+    create_orders(pg_server, pg_db, 20)
+    cfg, http = make_config(tmp_path, pg_server.port, pg_db, runtime={"shutdown_grace_s": 300})
+    fifo = tmp_path / "stdout.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    filler = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # its own open file: the daemon's stays blocking
+    out = os.open(fifo, os.O_WRONLY)
+    proc = subprocess.Popen([CDCD, "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT)
+    os.close(out)
+    logged = bytearray()
+
+    def drain() -> None:
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(reader, 65536):
+                logged.extend(chunk)
+
+    def ready() -> bool:
+        drain()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/readyz", timeout=5) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    try:
+        wait_for("/readyz 200", ready, proc=proc)
+        with contextlib.suppress(BlockingIOError):  # the pipe is full: the daemon's next log line blocks it
+            while True:
+                os.write(filler, b"x" * 4096)
+        proc.send_signal(signal.SIGTERM)  # its log line ("stop signal: stopping gracefully") holds the loop
+        # A second SIGTERM sent while the first is still pending would merge with it: wait until it was delivered.
+        wait_for("the first SIGTERM delivered", lambda: not _pending(proc.pid, signal.SIGTERM), proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(WAIT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the daemon did not exit after two SIGTERMs while its event loop was held") from None
+        assert code == ExitCode.FORCE_STOPPED
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for fd in (reader, filler):
+            os.close(fd)
+
+
+def test_a_late_second_sigterm_exits_with_the_graceful_code(
+    pg_server: PostgresServer, pg_db: str, tmp_path: Path, daemons: list[Daemon]
+) -> None:
+    """SIGTERMs that arrive after the graceful stop finished its work (an impatient operator, a supervisor
+    repeating its signal) leave the exit code at 0: the process is never ended by the signal's default action."""
+    create_orders(pg_server, pg_db, 20)
+    cfg, http = make_config(tmp_path, pg_server.port, pg_db)
+    d = Daemon(cfg, http)
+    daemons.append(d)
+    d.wait_ready()
+    d.wait("snapshot committed", lambda: d.stats()["events_committed"] == 21)  # and its opening truncate
+    d.proc.send_signal(signal.SIGTERM)
+    wait_for("the graceful stop's work done", lambda: any(e["event"] == "stopped gracefully" for e in d.log_lines()))
+    deadline = time.monotonic() + WAIT_S
+    while d.proc.poll() is None and time.monotonic() < deadline:  # until it exited: any moment of the exit is hit
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.001)
+    assert d.exit_code() == ExitCode.OK

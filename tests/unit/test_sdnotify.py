@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,3 +80,47 @@ def test_a_vanished_socket_does_not_raise(tmp_path: Path) -> None:
     n = Notifier.from_env({"NOTIFY_SOCKET": str(tmp_path / "gone.sock")})
     assert not n.ready("x")
     assert not n.status("y")
+
+
+def _fill(path: str) -> int:
+    """Queue datagrams on ``path`` until its queue is full, as a service manager that stopped reading leaves it."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    queued = 0
+    with probe:
+        while True:
+            try:
+                probe.sendto(b"PROBE=1", socket.MSG_DONTWAIT, path)
+            except BlockingIOError:
+                return queued
+            queued += 1
+
+
+def test_a_manager_that_does_not_read_never_blocks_the_sender(notify_socket: tuple[str, socket.socket]) -> None:
+    """The event loop sends these and also runs the signal handlers: a blocking send on a full queue made the
+    daemon deaf to SIGTERM (issue 27). The message is held and goes out, merged, with the next one."""
+    path, sock = notify_socket
+    n = Notifier.from_env({"NOTIFY_SOCKET": path})
+    assert _fill(path) > 0
+    sent: list[bool] = []
+    sender = threading.Thread(target=lambda: sent.append(n.ready("running")), daemon=True)
+    sender.start()
+    sender.join(30)
+    try:
+        assert not sender.is_alive(), "Notifier.ready() blocked on the full notify socket"
+        assert sent == [False]
+        assert not n.stopping("stopping: waiting for acks")  # still full: held too
+    finally:
+        sock.setblocking(False)
+        while True:  # what the manager reads once it catches up (also frees a blocked sender)
+            try:
+                data = sock.recv(4096)
+            except BlockingIOError:
+                break
+            assert _fields(data) == {"PROBE": "1"}
+        sock.settimeout(5)
+        sender.join(30)
+    assert n.status("stopping: 3 events left")
+    assert _fields(sock.recv(4096)) == {"READY": "1", "STATUS": "stopping: 3 events left", "STOPPING": "1"}
+    assert n.status("stopped")
+    assert _fields(sock.recv(4096)) == {"STATUS": "stopped"}
+    n.close()
