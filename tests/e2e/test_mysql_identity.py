@@ -8,6 +8,7 @@ table on the server that ends up primary.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import signal
@@ -19,11 +20,16 @@ from typing import Any
 import pymysql
 import pytest
 from daemon_harness import DaemonHarness, rows
+from pymysqlreplication import BinLogStreamReader
 from switch_proxy import SwitchProxy
 
 from cdcd.daemon.exitcodes import ExitCode
 from cdcd.devservers import MariaDBServer
+from cdcd.events import ChangeEvent, TableId
 from cdcd.positions import MySqlPosition
+from cdcd.sources.mysql.binlog import _EVENTS
+from cdcd.sources.mysql.decode import Decoder
+from cdcd.sources.mysql.schema import SchemaHistory
 
 pytestmark = pytest.mark.slow
 _server_ids = itertools.count(7501)
@@ -276,6 +282,70 @@ def test_failover_inside_a_group_committed_transaction_delivers_the_rest_of_it_o
         assert not {r["id"] for r in after} & acked, "an acked event of the transaction came again"
         assert {r["id"] for r in after} == (set(range(1001, 1201)) | {3000}) - acked
         assert len(after) == len({r["id"] for r in after})
+    finally:
+        s.close()
+
+
+def _byte_offset_seq(server: MariaDBServer, pos: MySqlPosition) -> int:
+    """The seq an earlier cdcd (byte offsets in the transaction) gave the row that has ``pos`` now: the
+    transaction read from its start by the decoder both ways."""
+    items: dict[bool, list[int]] = {}
+    for legacy in (False, True):
+        reader = BinLogStreamReader(
+            connection_settings={"host": "127.0.0.1", "port": server.port, "user": "root", "password": ""},
+            server_id=next(_server_ids), log_file=pos.file, log_pos=pos.pos, resume_stream=True, blocking=False,
+            only_events=_EVENTS, filter_non_implemented_events=False)
+        decoder = Decoder("mariadb", {TableId("app", "t")}, SchemaHistory(), pos.file, "", columnar=False,
+                          legacy_tx=(pos.epoch, pos.file_index, pos.pos) if legacy else None)
+        seqs: list[int] = []
+        try:
+            for ev in reader:
+                for item in decoder.feed(ev):
+                    if isinstance(item, ChangeEvent) and isinstance(item.position, MySqlPosition) and \
+                            item.position.pos == pos.pos:
+                        seqs.append(item.position.seq)
+        finally:
+            reader.close()
+        items[legacy] = seqs
+    return items[True][items[False].index(pos.seq)]
+
+
+def test_a_checkpoint_of_byte_offset_seqs_inside_a_transaction_resumes_it_exactly(
+        tmp_path: Path, lone: MariaDBServer) -> None:
+    """A checkpoint an earlier cdcd wrote inside a transaction (its seq a byte offset, no "seqs" entry in the
+    source state): after the upgrade the rest of that transaction lands once, nothing of it skipped, and the
+    transactions after it are numbered by content."""
+    s = Setup(tmp_path, lone.port)
+    try:
+        s.start("consumed", snapshot={"mode": "never"})
+        s.wait("the stream start in the checkpoint", lambda: s.checkpoint() is not None)
+        run_sql(lone, "app", "INSERT INTO t SELECT seq, seq, 'big' FROM seq_1001_to_1200")  # one transaction
+        s.wait("60 events landed", lambda: sum(len(rows(b)) for b in s.batches()) >= 60)
+        acked_rows, last_acked = s.consume_upto(30)
+        s.wait("the checkpoint covers the acked batches",
+               lambda: (c := s.checkpoint()) is not None and c.batch_seq >= last_acked)
+        s.kill()
+        ckpt = s.checkpoint()
+        assert ckpt is not None and ckpt.source_state.get("inside_tx") is True
+        assert ckpt.source_state.get("seqs") == "content"
+        pos = ckpt.position
+        assert isinstance(pos, MySqlPosition)
+        old_seq = _byte_offset_seq(lone, pos)
+        assert old_seq > pos.seq  # byte offsets run ahead of the content numbering
+        ckpt.position = dataclasses.replace(pos, seq=old_seq)  # what the earlier version saved
+        del ckpt.source_state["seqs"]
+        (s.state / "checkpoint.json").write_bytes(ckpt.to_bytes())
+        max_seq = max(b.seq for b in s.batches())
+        s.start("landed", snapshot={"mode": "never"})
+        run_sql(lone, "app", "INSERT INTO t VALUES (3000, 0, 'after')")
+        s.wait("the transaction and the next one landed", lambda: s.landed_ids() >= set(range(1001, 1201)) | {3000})
+        after = [r for b in s.batches() if b.seq > max_seq for r in rows(b)]
+        acked = {r["id"] for r in acked_rows}
+        assert not {r["id"] for r in after} & acked, "an acked event of the transaction came again"
+        assert {r["id"] for r in after} == (set(range(1001, 1201)) | {3000}) - acked
+        assert len(after) == len({r["id"] for r in after})
+        s.wait("a checkpoint after the transaction", lambda: (c := s.checkpoint()) is not None
+               and c.source_state.get("seqs") == "content" and not c.source_state.get("inside_tx"))
     finally:
         s.close()
 
