@@ -562,8 +562,10 @@ class MySqlSource(Source):
                 raise SourceError(f"table reload: table {t} does not exist on {self._where}; create it, or correct "
                                   "source.tables and reload again")
         keyless = [str(t) for t in added if not await self._query(
-            "SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-            "AND CONSTRAINT_TYPE = 'PRIMARY KEY'", (t.schema, t.name))]
+            # KEY_COLUMN_USAGE as the snapshot and `cdcd check` read it: TABLE_CONSTRAINTS shows MariaDB's
+            # least-privileged cdc user (SELECT, no table-level grants) nothing
+            "SELECT 1 FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+            "AND CONSTRAINT_NAME = 'PRIMARY'", (t.schema, t.name))]
         if keyless:  # its incremental snapshot reads in primary-key order: refused before anything changes
             raise SourceError(f"table reload: {', '.join(keyless)} on {self._where} has no primary key, so it cannot "
                               "be snapshotted while streaming; not added. Fix: ALTER TABLE ... ADD PRIMARY KEY (...) "
