@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import threading
 import time
@@ -470,12 +469,23 @@ def _spark_once(landing: Path, target: Path) -> tuple[float, str]:
     return seconds, proc.stderr
 
 
+def _log_events(log: str, event: str) -> list[dict[str, Any]]:
+    """The consumer's JSON log lines (its output is not a TTY) of ``event``."""
+    found = []
+    for line in log.splitlines():
+        if line.startswith("{") and f'"{event}"' in line:
+            doc = json.loads(line)
+            if doc.get("event") == event:
+                found.append(doc)
+    return found
+
+
 def _applied(log: str) -> tuple[int, float] | None:
     """The consumer's own figure from its last log line: events and seconds spent in merges (no start-up)."""
-    done = re.search(r"done: (\d+) events applied \(([\d.]+) events/s\)", log)
-    if not done:
+    done = _log_events(log, "done")
+    if not done or not done[-1].get("merge_seconds"):
         return None
-    return int(done.group(1)), int(done.group(1)) / float(done.group(2))
+    return int(done[-1]["events"]), float(done[-1]["merge_seconds"])
 
 
 def spark_consumer(stream_work: Path, target: Path, landed: list[Row]) -> list[Row]:
@@ -569,7 +579,7 @@ def spark_follow(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[
             consumer.kill()
             consumer.wait()
         log.close()
-    merges = len(re.findall(r"applied batches", (work / "spark.log").read_text())) - 2  # the first batches'
+    merges = len(_log_events((work / "spark.log").read_text(), "merge applied")) - 2  # the first batches'
     return [{"measure": f"Spark consumer ({SPARK_FORMAT}) following the daemon, events applied to the mirror",
              "unit": "events/s", "cdcd": round(count / applied, 1), "cdcd_seconds": round(applied, 2),
              "items": count, "baseline": "cdcd landing the same events (the daemon of this measure)",
@@ -614,7 +624,7 @@ def spark_small(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[R
         raise RuntimeError(f"the mirror's last commit is {commit.get('operation')}, not the batch's MERGE")
     m = {k: int(v) for k, v in commit.get("operationMetrics", {}).items() if str(v).isdigit()}
     built = _applied(build_log)
-    steps = re.findall(r"applied batches [^\n]*", log)
+    steps = [json.dumps({k: m[k] for k in ("batches", "seconds", "steps")}) for m in _log_events(log, "merge applied")]
     return [{"measure": f"Spark consumer ({SPARK_FORMAT}), a 100-row batch into a {rows:,}-row mirror",
              "unit": "s", "cdcd": round(applied[1], 2), "cdcd_seconds": round(seconds, 2), "items": 100,
              "baseline": "none", "mirror_rows": rows, "mirror_files": files,

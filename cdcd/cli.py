@@ -328,10 +328,9 @@ def cmd_checkpoint_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level, "auto", stream="stderr")
-    run = importlib.import_module("cdcd.spark.job").run  # loaded on use: it imports pyspark
+    run_args = importlib.import_module("cdcd.spark.job").run_args  # loaded on use: it imports pyspark
 
-    return int(run(args.landing, args.target, args.once, args.format, args.checkpoint, dedicated=True))
+    return int(run_args(args))
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -403,15 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     spark = command("spark", lambda a: ExitCode.USAGE, "the PySpark consumer of the landing zone")
     spark_sub = spark.add_subparsers(dest="spark_command", metavar="ACTION", required=True)
-    p = command("run", cmd_spark_run, "merge landed batches into change-log tables and current-state mirrors",
-                spark_sub)
-    p.add_argument("--landing", required=True, metavar="PATH", help="the daemon's landing.path")
-    p.add_argument("--target", required=True, metavar="PATH", help="where the tables and mirrors are written")
-    p.add_argument("--once", action="store_true", help="process what is available, then exit")
-    p.add_argument("--format", default="delta", metavar="FORMAT",
-                   help="table format of the target: parquet, delta or iceberg (docs/spark.md)")
-    p.add_argument("--checkpoint", metavar="PATH", help="Spark's checkpoint location (default: under TARGET)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from cdcd.spark import args as spark_args  # the consumer's own parser (no pyspark import)
+
+    spark_args.add_arguments(command("run", cmd_spark_run, spark_args.DESCRIPTION, spark_sub))
 
     p = command("verify", cmd_verify, "compare every captured source table with its mirror; non-zero on drift")
     _add_config(p)
@@ -419,7 +412,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The exit code when stdout's reader went away (``cdcd checkpoint list | head``): 128 + SIGPIPE, as a shell reports.
+EXIT_PIPE_CLOSED = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``cdcd`` command; its exit code. Output into a closed pipe ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe is reported with a traceback
+    except BrokenPipeError:
+        # what is still buffered cannot be written: point stdout at /dev/null so the final flush succeeds
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_PIPE_CLOSED
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code = int(args.func(args))

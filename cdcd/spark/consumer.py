@@ -1,7 +1,7 @@
 """The Spark job's entry point: ``spark-submit cdcd/spark/consumer.py --landing L --target T [--once]``.
 
-Also ``python -m cdcd.spark.consumer`` and ``cdcd spark run``, with the same
-arguments. The job itself is ``cdcd.spark.job``.
+Also ``python -m cdcd.spark.consumer`` and ``cdcd spark run``: one parser (``cdcd.spark.args``), the
+same arguments. The job itself is ``cdcd.spark.job``.
 """
 
 from __future__ import annotations

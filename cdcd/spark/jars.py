@@ -3,16 +3,20 @@
 pyproject.toml pins ``pyspark`` to ``SPARK``; ``scripts/bootstrap.sh`` runs
 ``python -m cdcd.spark.jars`` to print the Maven coordinates and copies
 them into the project-local cache ``.jars/`` (``mvn dependency:copy``);
-a locally started session passes the cached files as ``spark.jars`` (no
-network at run time). Spark 4.1 is the newest line that both Delta Lake
+the container image's ``spark`` stage runs ``python -m cdcd.spark.jars --fetch
+/opt/cdcd/jars`` (``fetch``: the same files from Maven Central without Maven) and
+sets ``CDCD_SPARK_JARS`` to that directory. A locally started session passes the
+cached files as ``spark.jars`` (no network at run time). Spark 4.1 is the newest line that both Delta Lake
 (``delta-spark_4.1_2.13``) and Iceberg (``iceberg-spark-runtime-4.1_2.13``)
 publish runtimes for.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import urllib.request
 from pathlib import Path
 
 SPARK = "4.1.4"
@@ -83,10 +87,61 @@ def local_settings(only: str | None = None) -> dict[str, str]:
     }
 
 
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+#: Seconds one jar's download may take.
+FETCH_TIMEOUT = 300
+
+
+def jar_url(coordinate: str, repo: str = MAVEN_CENTRAL) -> str:
+    """Where a Maven repository (Maven Central's layout) keeps the jar of ``coordinate``."""
+    group, artifact, version = coordinate.split(":")
+    return f"{repo.rstrip('/')}/{group.replace('.', '/')}/{artifact}/{version}/{jar_name(coordinate)}"
+
+
+def fetch(directory: Path, repo: str = MAVEN_CENTRAL, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
+    """Download the jars of ``packages`` into ``directory`` (those there already are kept), each checked against
+    the SHA-1 the repository publishes next to it; the paths, as ``cached_jars`` finds them there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for coordinate in packages:
+        final = directory / jar_name(coordinate)
+        out.append(final)
+        if final.is_file():
+            continue
+        url = jar_url(coordinate, repo)
+        try:
+            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as r:
+                data = r.read()
+            with urllib.request.urlopen(f"{url}.sha1", timeout=FETCH_TIMEOUT) as r:
+                expected = r.read().decode().split()[0].lower()
+        except OSError as exc:
+            raise OSError(f"cannot fetch {coordinate} from {url}: {exc}; check this machine's access to {repo} "
+                          "(or give --repo a Maven mirror)") from exc
+        if hashlib.sha1(data).hexdigest() != expected:
+            raise OSError(f"{url}: its SHA-1 is not the {expected} the repository publishes for it: a broken "
+                          "download or mirror; try again or give --repo another mirror")
+        temp = final.with_name(f".{final.name}.tmp")
+        temp.write_bytes(data)
+        os.replace(temp, final)
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """``python -m cdcd.spark.jars``: the coordinates (one a line) for the bootstrap's Maven copy."""
-    if argv[1:] == ["--packages"]:
+    """``python -m cdcd.spark.jars``: the coordinates (one a line) for the bootstrap's Maven copy;
+    ``--packages``: as spark-submit's option; ``--fetch DIR [--repo URL]``: download them into DIR."""
+    args = argv[1:]
+    if args == ["--packages"]:
         print(packages_line(PACKAGES))
+    elif args[:1] == ["--fetch"] and len(args) in (2, 4) and (len(args) == 2 or args[2] == "--repo"):
+        try:
+            paths = fetch(Path(args[1]), args[3] if len(args) == 4 else MAVEN_CENTRAL)
+        except OSError as exc:
+            print(f"cdcd.spark.jars: {exc}", file=sys.stderr)
+            return 1
+        print("\n".join(str(p) for p in paths))
+    elif args:
+        print("usage: python -m cdcd.spark.jars [--packages | --fetch DIR [--repo URL]]", file=sys.stderr)
+        return 2
     else:
         print("\n".join(PACKAGES))
     return 0

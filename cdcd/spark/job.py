@@ -10,37 +10,56 @@ marker is written only after the target commit. How a segment of batches
 reaches the tables is the format's ``ApplyStrategy`` (``cdcd.spark.strategy``):
 ``cdcd.spark.parquet`` or ``cdcd.spark.lakehouse``. Runnable with spark-submit
 through ``cdcd/spark/consumer.py``:
-``spark-submit cdcd/spark/consumer.py --landing L --target T [--once]``.
+``spark-submit cdcd/spark/consumer.py --landing L --target T [--once]``; its arguments are
+``cdcd.spark.args`` (one parser for every way to start it).
+
+It logs in the daemon's format (``cdcd.logging``): one line per merge, and a failed merge as
+one error line naming the table, the batches and the fix where one is known (``describe``), the
+Java or Python trace at debug only. ``--metrics-listen`` serves Prometheus metrics and
+``/healthz`` (``cdcd.spark.metrics``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import threading
 import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import structlog
 from pyspark.sql import DataFrame, SparkSession
 
+from cdcd.errors import CdcdError, ConfigError
 from cdcd.landing.layout import MANIFESTS
 from cdcd.landing.reader import is_consumed, landed_seqs, mark_consumed, read_manifest
 from cdcd.landing.zone import read_zone_id
-from cdcd.spark.lakehouse import LakehouseStrategy, prepare_run
+from cdcd.logging import configure_logging, get_logger
+from cdcd.spark import args as arguments
+from cdcd.spark.args import DEFAULT_BUCKETS, FORMATS
+from cdcd.spark.lakehouse import LakehouseStrategy, Names, prepare_run
+from cdcd.spark.metrics import MetricsServer, Progress
 from cdcd.spark.parquet import ParquetStrategy
-from cdcd.spark.session import log, session
+from cdcd.spark.session import quiet_python_loggers, session
 from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore, lock_target
-from cdcd.spark.strategy import ApplyStrategy, Segment
+from cdcd.spark.strategy import FAILED_TABLE, Applied, ApplyStrategy, Segment
 
-DEFAULT_BUCKETS = 16
+__all__ = ["DEFAULT_BUCKETS", "FORMATS", "Consumer", "main", "run"]
+
 #: Events applied in one merge at most: each merge has a fixed cost of a few Spark jobs, so
 #: all visible batches go into one merge unless that would make it too large for memory.
 MAX_SEGMENT_EVENTS = 2_000_000
-FORMATS = ("parquet", "delta", "iceberg")
+#: The first characters of a failure's message in its error line (Spark's can hold a whole query plan).
+MESSAGE_MAX = 2000
+
+_log = get_logger("cdcd.spark")
 
 
 def make_strategy(fmt: str, spark: SparkSession, store: TargetStore, buckets: int) -> ApplyStrategy:
@@ -50,20 +69,141 @@ def make_strategy(fmt: str, spark: SparkSession, store: TargetStore, buckets: in
     return LakehouseStrategy(spark, store, fmt)
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed merge as its error line tells it."""
+
+    table: str | None
+    batches: str
+    error: str
+    fix: str | None
+    trace: str
+
+    def log(self, fmt: str) -> None:
+        _log.error("merge failed", table=self.table, batches=self.batches, format=fmt, error=self.error,
+                   fix=self.fix)
+        _log.debug("merge failed: trace", table=self.table, batches=self.batches, trace=self.trace)
+
+
+class MergeFailed(CdcdError):
+    """A merge failed; its error line is logged already (``Failure``)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(f"batches {failure.batches}{f' of {failure.table}' if failure.table else ''}: "
+                         f"{failure.error}")
+        self.failure = failure
+
+
+def _message_and_trace(exc: BaseException) -> tuple[str, str]:
+    """What went wrong in a line or a few, and the trace (Java's for a JVM error) for the debug line."""
+    trace = "".join(traceback.format_exception(exc))
+    java = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError
+    if java is not None:
+        try:
+            return str(java.toString()), str(exc)
+        except Exception:  # the JVM is gone: what py4j kept
+            return str(exc).split("\n", 1)[0], trace
+    text = str(exc)
+    stack = getattr(exc, "_stackTrace", None)  # PySpark's CapturedException (AnalysisException, ...)
+    if isinstance(stack, str) and stack:
+        text = text.split("\n\nJVM stacktrace:", 1)[0]
+        trace = f"{trace}\nJVM stacktrace:\n{stack}"
+    return text.strip()[:MESSAGE_MAX] or type(exc).__name__, trace
+
+
+def _missing_files(landing: Path, batches: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, str, str]]:
+    """(seq, path, table) of every landed file the batches list that is not in the landing zone."""
+    return [(seq, e["path"], f"{e['table']['schema']}.{e['table']['name']}")
+            for seq, manifest in batches for e in manifest["files"] if not (landing / e["path"]).is_file()]
+
+
+def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
+             batches: list[tuple[int, dict[str, Any]]]) -> Failure:
+    """The error line of a failed merge: the table, the batches, the message and the fix where one is known."""
+    message, trace = _message_and_trace(exc)
+    table: str | None = getattr(exc, FAILED_TABLE, None)
+    span = f"{batches[0][0]}..{batches[-1][0]}" if batches else "-"
+    fix: str | None = None
+    missing = _missing_files(landing, batches)
+    text = f"{message}\n{trace}"
+    if missing:
+        seq, path, table = missing[0]
+        fix = (f"batch {seq} lists {path}, which is not in the landing zone {landing} (removed by hand, or by a "
+               "retention shorter than this consumer's lag): the batch cannot be applied. Put the file back, or "
+               "rebuild: a new snapshot into a new landing zone and a fresh --target (docs/operations.md, Faults)")
+    elif "DELTA_UNSUPPORTED_ALTER_TABLE_CHANGE_COL_OP" in text and table is not None:
+        schema, name = table.split(".", 1)
+        names = Names(fmt, target)
+        tables = " and ".join(names.ref(kind, schema, name) for kind in ("changelog", "tables"))
+        fix = (f"the source changed a column's type and Delta Lake changes a column's type only with type "
+               f"widening: run ALTER TABLE ... SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true') on {tables}, "
+               "then start the consumer again (docs/spark.md, schema changes)")
+    elif "OutOfMemoryError" in text or "Java heap space" in text:
+        fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
+               "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
+    elif "No space left on device" in text:
+        fix = f"a file system is full: free space where {target} (or Spark's temporary directories) live, then " \
+              "start the consumer again; what was committed is kept"
+    elif "Permission denied" in text:
+        fix = f"the consumer's user may not write or read a file it needs: check the ownership of {target} and " \
+              f"{landing}"
+    return Failure(table, span, message, fix, trace)
+
+
+def _files_changed(fmt: str, target: Path, applied: Applied, tables: list[tuple[str, str]],
+                   since: float) -> tuple[int | None, int | None]:
+    """Data files the merge added, and files it rewrote or removed (None: not known, e.g. a remote catalog).
+
+    Parquet: staged change-log files and rewritten buckets. Delta Lake: add and remove actions of the commits
+    written since ``since``; Iceberg (the default catalog): the summaries of the snapshots made since then."""
+    if fmt == "parquet":
+        return len(applied.files), len(applied.buckets)
+    added = rewritten = 0
+    names = Names(fmt, target)
+    for schema, table in tables:
+        for kind in ("changelog", "tables"):
+            if fmt == "delta":
+                for commit in (names.location(kind, schema, table) / "_delta_log").glob("*.json"):
+                    if commit.stat().st_mtime < since:
+                        continue
+                    for line in commit.read_text().splitlines():
+                        action = json.loads(line) if line.strip() else {}
+                        added += "add" in action
+                        rewritten += "remove" in action
+                continue
+            metadata = sorted((target / kind / schema / table / "metadata").glob("*.metadata.json"),
+                              key=lambda f: f.stat().st_mtime)
+            if not metadata:
+                return None, None
+            for snap in json.loads(metadata[-1].read_text()).get("snapshots", []):
+                if snap.get("timestamp-ms", 0) >= since * 1000:
+                    summary = snap.get("summary", {})
+                    added += int(summary.get("added-data-files", 0)) + int(summary.get("added-delete-files", 0))
+                    rewritten += int(summary.get("deleted-data-files", 0)) + int(summary.get("removed-delete-files", 0))
+    return added, rewritten
+
+
 class Consumer:
     """Applies landed batches through the format's strategy; for the stream handler and the start-up catch-up."""
 
     def __init__(self, spark: SparkSession, landing: Path, target: Path, fmt: str = "parquet",
-                 buckets: int = DEFAULT_BUCKETS) -> None:
+                 buckets: int = DEFAULT_BUCKETS, progress: Progress | None = None) -> None:
         self.spark = spark
         self.landing = landing
+        self.fmt = fmt
         self.store = TargetStore(target)
         self.lock = threading.Lock()
         self.stopping = False
+        self.failed: MergeFailed | None = None  # a merge of the stream failed: the loop stops and exits 1
         self.state: ConsumerState = self.store.recover()
         self.strategy = make_strategy(fmt, spark, self.store, buckets)
         self.applied_events = 0
         self.applied_seconds = 0.0
+        self.progress = progress if progress is not None else Progress(landing, fmt)
+        self.progress.applied_seq = self.state.applied_seq
+        self.progress.tables = {t: (None, s.watermark) for t, s in self.state.tables.items()}
+        if self.state.applied_seq in landed_seqs(landing):
+            self.progress.applied_created_at = read_manifest(landing, self.state.applied_seq).get("created_at")
 
     def on_micro_batch(self, df: DataFrame, batch_id: int) -> None:
         # The micro-batch's new manifests are the newest ones (manifests appear in seq order), so
@@ -72,7 +212,12 @@ class Consumer:
         with self.lock:
             if self.stopping:  # fail the micro-batch: Spark must not count it as done
                 raise InterruptedError("cdcd-spark: stopping")
-            self.apply_upto(max(landed_seqs(self.landing), default=0))
+            if self.failed is not None:  # the loop stops the query; the next run applies what is pending
+                return
+            try:
+                self.apply_upto(max(landed_seqs(self.landing), default=0))
+            except MergeFailed as exc:  # logged; not raised into Spark, whose report would repeat it with traces
+                self.failed = exc
 
     def apply_upto(self, upto: int) -> None:
         zone = self._check_zone()
@@ -99,7 +244,7 @@ class Consumer:
         zone = read_zone_id(self.landing)
         note = self.store.check_zone(zone, self.landing, self.state.applied_seq)
         if note:
-            log(note)
+            _log.info(note)
         return zone
 
     def _same_zone(self, zone: str | None, seq: int, manifest: dict[str, Any]) -> None:
@@ -109,21 +254,37 @@ class Consumer:
                               f"zone ({zone}); remove the batches copied in from another zone")
 
     def _apply_segment(self, batches: list[tuple[int, dict[str, Any]]]) -> None:
-        started = time.monotonic()
+        started, wall = time.monotonic(), time.time()
         segment = Segment(self.landing, batches)
-        applied = self.strategy.apply(segment, self.state.tables)
-        new_state = ConsumerState(segment.last, dict(self.state.tables))
-        new_state.tables.update(applied.tables)
-        journal = {"state": new_state.to_json(), "files": applied.files, "buckets": applied.buckets}
-        self.state = self.store.commit(journal)
-        for seq, _ in batches:
-            mark_consumed(self.landing, seq)
+        try:
+            tables = sorted(segment.tables())
+            applied = self.strategy.apply(segment, self.state.tables)
+            new_state = ConsumerState(segment.last, dict(self.state.tables))
+            new_state.tables.update(applied.tables)
+            journal = {"state": new_state.to_json(), "files": applied.files, "buckets": applied.buckets}
+            self.state = self.store.commit(journal)
+            for seq, _ in batches:
+                mark_consumed(self.landing, seq)
+        except Exception as exc:
+            failure = describe(exc, self.landing, self.store.target, self.fmt, batches)
+            failure.log(self.fmt)
+            self.progress.failures += 1
+            raise MergeFailed(failure) from exc
         took = time.monotonic() - started
         self.applied_events += applied.events
         self.applied_seconds += took
-        jobs = ", ".join(f"{t} {j} {s:.1f}s" for t, js in applied.timings.items() for j, s in js.items())
-        log(f"applied batches {segment.first}..{segment.last}: {applied.events} events in {len(applied.timings)} "
-            f"tables, {took:.1f}s ({self.strategy.label}{jobs})")
+        added, rewritten = _files_changed(self.fmt, self.store.target, applied, tables, wall)
+        names = [f"{s}.{t}" for s, t in tables]
+        _log.info("merge applied", batches=f"{segment.first}..{segment.last}", tables=names, events=applied.events,
+                  seconds=round(took, 3), files_added=added, files_rewritten=rewritten, format=self.fmt,
+                  steps={t: {j: round(s, 3) for j, s in js.items()} for t, js in applied.timings.items()})
+        p = self.progress
+        p.merge_seconds.observe(took)
+        p.batches, p.events = p.batches + len(batches), p.events + applied.events
+        p.tables = {**p.tables, **{t: (segment.last if t in names else p.tables.get(t, (None, ""))[0], s.watermark)
+                                   for t, s in self.state.tables.items()}}
+        p.applied_created_at = batches[-1][1].get("created_at")
+        p.applied_seq = self.state.applied_seq
 
 
 def run(
@@ -134,60 +295,89 @@ def run(
     checkpoint: str | None = None,
     buckets: int = DEFAULT_BUCKETS,
     dedicated: bool = False,
+    metrics_listen: tuple[str, int] | None = None,
 ) -> int:
     """Run the consumer; the exit code: 0 done or stopped by SIGTERM, 1 failed, 2 unusable arguments.
 
     ``dedicated``: the process runs this consumer alone (``cdcd spark run``), so a local session it starts
-    loads the extension of ``fmt`` only (``session.session``)."""
+    loads the extension of ``fmt`` only (``session.session``). ``metrics_listen``: (host, port) of /metrics and
+    /healthz (``cdcd.spark.metrics``)."""
+    if not structlog.is_configured():  # run in-process by other code (tests, the CDS training): log to stderr
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     if fmt not in FORMATS:
-        log(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+        _log.error(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
         return 2
-    if fmt != "parquet":
-        problem = prepare_run(fmt, Path(target), dedicated)  # classpath, session extensions, target's format
-        if problem:
-            log(problem)
-            return 2
     landing_path, target_path = Path(landing), Path(target)
     if not landing_path.is_dir():
-        log(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
+        _log.error(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return 2
+    progress = Progress(landing_path, fmt)
+    server = None
+    if metrics_listen is not None:
+        server = MetricsServer(*metrics_listen, progress)
+        try:
+            server.start()
+        except ConfigError as exc:
+            _log.error(str(exc))
+            return 2
     try:
-        lock = lock_target(target_path)
-    except TargetLocked as exc:
-        log(str(exc))
-        return 2
-    try:
-        return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets)
+        if fmt != "parquet":
+            problem = prepare_run(fmt, target_path, dedicated)  # classpath, session extensions, target's format
+            if problem:
+                _log.error(problem)
+                return 2
+        try:
+            lock = lock_target(target_path)
+        except TargetLocked as exc:
+            _log.error(str(exc))
+            return 2
+        try:
+            return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets, progress)
+        finally:
+            os.close(lock)  # releases the target's consumer lock
     finally:
-        os.close(lock)  # releases the target's consumer lock
+        if progress.phase != "failed":
+            progress.phase = "stopped"
+        if server is not None:
+            server.close()
 
 
 def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, checkpoint: str | None,
-                buckets: int) -> int:
-    landing, target = str(landing_path), str(target_path)
+                buckets: int, progress: Progress) -> int:
     spark = session(fmt)
-    log(f"Spark master {spark.sparkContext.master}; landing {landing}, target {target}, format {fmt}")
-    consumer = Consumer(spark, landing_path, target_path, fmt, buckets)
+    _log.info("consumer starting", master=spark.sparkContext.master, landing=str(landing_path),
+              target=str(target_path), format=fmt, once=once)
+    progress.phase = "catching up"
     try:
+        consumer = Consumer(spark, landing_path, target_path, fmt, buckets, progress)
         consumer.apply_upto(max(landed_seqs(landing_path), default=0))
         if once:  # and what landed during that catch-up, as a stream would: no streaming query to start
             consumer.apply_upto(max(landed_seqs(landing_path), default=0))
     except ForeignZone as exc:  # the arguments point at a zone and a target that do not go together
-        log(str(exc))
-        return 2
-    except Exception as exc:  # a failed batch is reported and retried by the next run
-        log(f"failed: {exc}")
-        return 1
+        _log.error(str(exc))
+        return _failed(progress, str(exc), 2)
+    except MergeFailed as exc:  # logged with its table, batches and fix; the next run retries it
+        return _failed(progress, str(exc), 1)
+    except Exception as exc:
+        failure = describe(exc, landing_path, target_path, fmt, [])
+        _log.error("consumer failed", error=failure.error, fix=failure.fix)
+        _log.debug("consumer failed: trace", trace=failure.trace)
+        return _failed(progress, failure.error, 1)
     if once:
         _done(consumer)
         return 0
     return _stream(spark, consumer, landing_path, checkpoint or str(target_path / "checkpoint"))
 
 
+def _failed(progress: Progress, reason: str, code: int) -> int:
+    progress.phase, progress.reason = "failed", reason
+    return code
+
+
 def _done(consumer: Consumer) -> None:
-    if consumer.applied_seconds > 0:
-        rate = consumer.applied_events / consumer.applied_seconds
-        log(f"done: {consumer.applied_events} events applied ({rate:.1f} events/s)")
+    rate = consumer.applied_events / consumer.applied_seconds if consumer.applied_seconds > 0 else 0.0
+    _log.info("done", events=consumer.applied_events, merge_seconds=round(consumer.applied_seconds, 3),
+              events_per_s=round(rate, 1))
 
 
 def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: str) -> int:
@@ -204,6 +394,10 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
     writer = stream.writeStream.foreachBatch(consumer.on_micro_batch).option("checkpointLocation", checkpoint)
     writer = writer.trigger(processingTime="1 second")
     query = writer.start()
+    progress = consumer.progress
+    progress.tick()
+    progress.phase = "following"
+    _log.info("following the landing zone", landing=str(landing), checkpoint=checkpoint)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
 
@@ -214,33 +408,46 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
         signal.signal(signal.SIGINT, on_signal)
     try:
         while query.isActive:
-            if stop.is_set():
+            progress.tick()
+            if stop.is_set() or consumer.failed is not None:
+                progress.phase = "stopping"
                 with consumer.lock:  # waits for the running micro-batch to finish
                     consumer.stopping = True
                 query.stop()
                 break
             query.awaitTermination(1)
     except Exception as exc:
-        log(f"failed: {exc}")
-        return 1
-    failure = query.exception()
-    if failure is not None and not consumer.stopping:
-        log(f"failed: {failure}")
-        return 1
+        found = describe(exc, landing, consumer.store.target, consumer.fmt, [])
+        _log.error("streaming query failed", error=found.error, fix=found.fix)
+        _log.debug("streaming query failed: trace", trace=found.trace)
+        return _failed(progress, found.error, 1)
+    if consumer.failed is not None:
+        return _failed(progress, str(consumer.failed), 1)
+    ended = query.exception()
+    if ended is not None and not consumer.stopping:
+        found = describe(ended, landing, consumer.store.target, consumer.fmt, [])
+        _log.error("streaming query failed", error=found.error, fix=found.fix)
+        _log.debug("streaming query failed: trace", trace=found.trace)
+        return _failed(progress, found.error, 1)
     _done(consumer)
     return 0
 
 
+def configure(level: str, fmt: str) -> None:
+    """cdcd's log on stderr in the daemon's format; py4j and PySpark quiet (``session.quiet_python_loggers``)."""
+    configure_logging(level, fmt, stream="stderr")  # type: ignore[arg-type]
+    quiet_python_loggers()
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run with the arguments of ``cdcd.spark.args`` (``cdcd spark run``, ``python -m cdcd.spark.consumer``)."""
+    configure(args.log_level, args.log_format)
+    return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True,
+               metrics_listen=args.metrics_listen)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cdcd spark run", description=__doc__)
-    parser.add_argument("--landing", required=True, help="the daemon's landing.path")
-    parser.add_argument("--target", required=True, help="where the change-log and mirror tables go")
-    parser.add_argument("--once", action="store_true", help="apply what is landed now and exit")
-    parser.add_argument("--format", default="delta", choices=FORMATS)
-    parser.add_argument("--checkpoint", default=None, help="Spark checkpoint (default TARGET/checkpoint)")
-    parser.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="hash buckets of a new mirror table")
-    args = parser.parse_args(argv)
-    return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True)
+    return run_args(arguments.parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from cdcd.spark.collapse import Prepared, conformed, prepare, release
 from cdcd.spark.covered import apply_lakehouse as apply_covered
 from cdcd.spark.session import FORMAT_SETTINGS, session
 from cdcd.spark.state import TableState, TargetStore
-from cdcd.spark.strategy import Applied, Segment
+from cdcd.spark.strategy import Applied, Segment, applying
 
 ICEBERG_CATALOG = "cdcd"
 _FETCH = "run scripts/bootstrap.sh (it fetches the jars into .jars/) or set CDCD_SPARK_JARS to a directory holding them"
@@ -677,9 +677,10 @@ class LakehouseStrategy:
             for (schema, table), files in sorted(segment.tables().items()):
                 name = f"{schema}.{table}"
                 out.timings[name] = {}
-                state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
-                                                 tables.get(name, TableState()), segment.run_id, out.timings[name],
-                                                 self.held)
+                with applying(name):
+                    state, n = apply_lakehouse_table(self.spark, self.names, schema, table, files,
+                                                     tables.get(name, TableState()), segment.run_id,
+                                                     out.timings[name], self.held)
                 out.tables[name] = state
                 out.events += n
         except BaseException:

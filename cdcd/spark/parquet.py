@@ -36,7 +36,7 @@ from cdcd.spark.rule import (
     resolve_moves,
 )
 from cdcd.spark.state import TableState, TargetStore
-from cdcd.spark.strategy import Applied, Segment
+from cdcd.spark.strategy import Applied, Segment, applying
 
 BUCKET = "cdc_bucket"
 
@@ -331,7 +331,8 @@ class ParquetStrategy:
             t = TableInput(table, files, tables.get(table, TableState()), segment.run_id,
                            self.store.table_dir(table), self.store.changelog_dir(table), work / f"t{n}")
             c = cover.pop((schema, name), None)
-            r = apply_table(self.spark, t, self.buckets, c.below if c else None)
+            with applying(table):
+                r = apply_table(self.spark, t, self.buckets, c.below if c else None)
             out.tables[table] = r.state
             out.events += r.events
             out.timings[table] = r.timings

@@ -6,29 +6,42 @@ cached Delta Lake / Iceberg jars and both formats' settings
 spark-submit, the master and ``--conf`` values spark-submit was given stand; a
 Delta Lake or Iceberg run adds its format's extension to them before the
 session starts (the jars come from ``--packages`` or ``--jars``).
+
+A local session's JVM logs in cdcd's format (``spark_logging``): Spark's log4j lines at ERROR (WARN and Java
+traces at ``--log-level debug``) and the JVM's own output go through a pipe into cdcd's log, py4j's and
+PySpark's Python loggers are quiet below ERROR, and ``spark.sql.warehouse.dir`` is a temporary directory
+removed at exit (the job's tables are paths or in its own Iceberg catalog: nothing is written there), so no
+``spark-warehouse/`` appears in the working directory.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
-import sys
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from typing import IO, Any
 
 from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
+from cdcd.logging import get_level, get_logger
 from cdcd.spark import cds, jars
 from cdcd.spark.jars import local_settings
+
+_log = get_logger("cdcd.spark")
+_jvm_log = get_logger("spark")
 
 #: Session settings of each table format, fixed when the session starts (Spark refuses to change them later).
 FORMAT_SETTINGS = {
     "delta": {"spark.sql.extensions": jars.DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": jars.DELTA_CATALOG},
     "iceberg": {"spark.sql.extensions": jars.ICEBERG_EXTENSION},
 }
-
-
-def log(message: str) -> None:
-    """The job's log line (stderr, where spark-submit and `cdcd spark run` show it)."""
-    print(f"cdcd-spark: {message}", file=sys.stderr, flush=True)
 
 
 def under_spark_submit() -> bool:
@@ -72,6 +85,118 @@ def _submitted_session(fmt: str) -> None:
     builder.getOrCreate()
 
 
+APP_NAME = "cdcd-spark-consumer"
+#: The JVM's log4j lines: a marker, the level, the logger, the message, at debug the Java trace; split by the
+#: unit separator, line breaks escaped (``%enc{..}{CRLF}``): one line per event, parsed by ``_pump``.
+_SEP = "\x1f"
+_JVM_MARK = "cdcd-jvm"
+_JVM_LEVELS = {"TRACE": "debug", "DEBUG": "debug", "INFO": "info", "WARN": "warning", "ERROR": "error",
+               "FATAL": "error"}
+#: What the JVM and Spark print at start outside log4j (Spark: a PySpark JVM counts as its shell): debug lines.
+_JVM_NOTICES = re.compile(r"^(WARNING: Using incubator modules|Picked up (JAVA_TOOL|_JAVA)_OPTIONS|Setting default "
+                          r"log level to|To adjust logging level use sc.setLogLevel)")
+#: PySpark's own loggers of the SQL errors it converts (their own JSON handler, before the job reports the error).
+_PYSPARK_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+_files: dict[str, str] = {}
+
+
+def _verbose() -> bool:
+    return get_level() == "debug"
+
+
+def quiet_python_loggers() -> None:
+    """py4j (a line per connection it closes) and PySpark's error loggers: ERROR and up, unless cdcd logs at debug."""
+    logging.getLogger("py4j").setLevel(logging.INFO if _verbose() else logging.ERROR)
+    for name in _PYSPARK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if _verbose() else logging.CRITICAL + 1)
+
+
+def log4j_properties(verbose: bool) -> str:
+    """The local JVM's log4j 2 configuration: one parseable line per event on stderr; ERROR (debug: WARN, traces)."""
+    trace = f"{_SEP}%enc{{%throwable}}{{CRLF}}" if verbose else ""
+    level = "warn" if verbose else "error"
+    sep = "\\u001f"  # a properties file's escape of the separator
+    pattern = f"{_JVM_MARK}{sep}%level{sep}%c{sep}%enc{{%m}}{{CRLF}}{trace.replace(_SEP, sep)}%n"
+    return "\n".join([
+        "status = error",
+        "name = cdcd",
+        "appender.out.type = Console",
+        "appender.out.name = out",
+        "appender.out.target = SYSTEM_ERR",
+        "appender.out.layout.type = PatternLayout",
+        f"appender.out.layout.pattern = {pattern}",
+        "appender.out.layout.alwaysWriteExceptions = false",
+        f"rootLogger.level = {level}",
+        "rootLogger.appenderRef.out.ref = out",
+    ]) + "\n"
+
+
+def _unescape(text: str) -> str:
+    return text.replace("\\n", "\n").replace("\\r", "\r")
+
+
+def _jvm_line(line: str) -> None:
+    """One line of the local JVM's output, as a cdcd log line (logger ``spark``)."""
+    parts = line.split(_SEP)
+    if len(parts) >= 4 and parts[0] == _JVM_MARK:
+        fields: dict[str, Any] = {"logger": parts[2]}
+        if len(parts) > 4 and parts[4]:
+            fields["trace"] = _unescape(_SEP.join(parts[4:]))
+        getattr(_jvm_log, _JVM_LEVELS.get(parts[1], "warning"))(_unescape(parts[3]), **fields)
+    elif _JVM_NOTICES.match(line):
+        _jvm_log.debug(line, logger="jvm")
+    else:  # not expected: shown
+        _jvm_log.warning(line, logger="jvm")
+
+
+def _pump(stream: IO[bytes]) -> None:
+    try:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if line.strip():
+                _jvm_line(line)
+    except Exception as exc:  # the pump must keep going as long as it can: say so if it cannot
+        _log.error("reading the Spark JVM's output failed", error=str(exc), error_type=type(exc).__name__)
+
+
+def _private_file(kind: str, make: Any) -> str:
+    """A per-process temporary path (``dir`` or ``file``), removed at exit."""
+    if kind not in _files:
+        path = make()
+        _files[kind] = path
+        atexit.register(shutil.rmtree if os.path.isdir(path) else os.unlink, path)
+    return _files[kind]
+
+
+def warehouse_dir() -> str:
+    """The local session's ``spark.sql.warehouse.dir``: a temporary directory (removed at exit), never the
+    working directory's ``spark-warehouse/``: every table of the job is a path or in its ``cdcd`` catalog."""
+    return _private_file("warehouse", lambda: tempfile.mkdtemp(prefix="cdcd-spark-warehouse-"))
+
+
+def _start_jvm(settings: dict[str, str]) -> None:
+    """Start the local session's JVM with its output piped into cdcd's log (``_pump``), unless one runs."""
+    if SparkContext._gateway is not None:
+        return
+    fd, path = tempfile.mkstemp(prefix="cdcd-log4j2-", suffix=".properties")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(log4j_properties(_verbose()))
+        conf = SparkConf(loadDefaults=False)
+        for k, v in settings.items():
+            conf.set(k, v)
+        conf.set("spark.driver.extraJavaOptions",
+                 f"{settings.get('spark.driver.extraJavaOptions', '')} -Dlog4j2.configurationFile={path}".strip())
+        piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+        gateway = launch_gateway(conf, popen_kwargs=piped)  # type: ignore[no-untyped-call]
+        proc = getattr(gateway, "proc", None)
+        if proc is not None and proc.stdout is not None:
+            threading.Thread(target=_pump, args=(proc.stdout,), name="cdcd-spark-jvm-log", daemon=True).start()
+        SparkContext._ensure_initialized(gateway=gateway)
+    finally:
+        os.unlink(path)  # log4j read it when the JVM started
+
+
 def session(fmt: str = "parquet", only: bool = False) -> SparkSession:
     """The active session; under spark-submit the one it configured, else a local one.
 
@@ -80,14 +205,17 @@ def session(fmt: str = "parquet", only: bool = False) -> SparkSession:
     (a process that serves ``fmt`` alone: ``cdcd spark run``) that format's alone,
     which starts faster.
     """
+    quiet_python_loggers()
     if SparkSession.getActiveSession() is None and under_spark_submit() and fmt in FORMAT_SETTINGS:
         _submitted_session(fmt)
-    builder = SparkSession.builder.appName("cdcd-spark-consumer")
+    builder = SparkSession.builder.appName(APP_NAME)
     if SparkSession.getActiveSession() is None and not under_spark_submit():
-        builder = (builder.master("local[2]").config("spark.ui.enabled", "false")
-                   .config("spark.sql.shuffle.partitions", "4"))
         # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
-        for k, v in {**local_settings(fmt if only else None), **large_row_settings()}.items():
+        settings = {"spark.master": "local[2]", "spark.app.name": APP_NAME, "spark.ui.enabled": "false",
+                    "spark.sql.shuffle.partitions": "4", "spark.sql.warehouse.dir": warehouse_dir(),
+                    **local_settings(fmt if only else None), **large_row_settings()}
+        _start_jvm(settings)
+        for k, v in settings.items():
             builder = builder.config(k, v)
     spark = builder.getOrCreate()
     # the mirror must read back with pyarrow: no INT96, instants in UTC

@@ -10,6 +10,8 @@ one ordering rule of ``cdcd.spark.rule``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,3 +64,20 @@ class ApplyStrategy(Protocol):
     def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
         """Apply the segment on top of the tables' current state (from the journal); stage what needs a commit."""
         ...
+
+
+#: The attribute ``applying`` sets on an exception: the table whose statements raised it ("schema.table").
+FAILED_TABLE = "cdcd_table"
+
+
+@contextmanager
+def applying(table: str) -> Iterator[None]:
+    """Around one table's statements in a strategy: an exception raised inside names the table for the job's
+    error line (``FAILED_TABLE``)."""
+    try:
+        yield
+    except Exception as exc:
+        if getattr(exc, FAILED_TABLE, None) is None:
+            with suppress(AttributeError):  # an exception type with __slots__: the error line names no table
+                setattr(exc, FAILED_TABLE, table)
+        raise

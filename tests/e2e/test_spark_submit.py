@@ -53,7 +53,7 @@ def test_spark_submit_keeps_its_master(tmp_path: Path) -> None:
     output = proc.stdout + proc.stderr  # spark-submit passes the Python driver's stderr on to its stdout
     assert proc.returncode == 0, output[-3000:]
     # the consumer's own local default is local[2]: seeing local[1] means spark-submit's choice stood
-    assert "Spark master local[1]" in output
+    assert '"master": "local[1]"' in output  # the `consumer starting` line (JSON: not a TTY)
     assert consumed_seqs(landing) == [1]
     assert (target / "state" / "format").read_text().strip() == "delta"  # the default format
     mirror = read_table(target, "public.items")

@@ -1,0 +1,50 @@
+"""The Spark consumer's arguments: one definition for ``cdcd spark run``, ``python -m cdcd.spark.consumer`` and
+``spark-submit cdcd/spark/consumer.py``.
+
+Imports nothing of Spark: ``cdcd``'s command line builds its parser from it without loading pyspark.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+FORMATS = ("parquet", "delta", "iceberg")
+DEFAULT_BUCKETS = 16
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
+DESCRIPTION = "merge landed batches into change-log tables and current-state mirrors (docs/spark.md)"
+
+
+def listen_address(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as (host, port); argparse reports a ValueError as a usage error."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9190, or 0.0.0.0:9190 to "
+                                         "listen on every interface)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The consumer's options, added to ``p``."""
+    p.add_argument("--landing", required=True, metavar="PATH", help="the daemon's landing.path")
+    p.add_argument("--target", required=True, metavar="PATH", help="where the change-log and mirror tables go")
+    p.add_argument("--once", action="store_true", help="apply what is landed now (and what lands meanwhile), exit")
+    p.add_argument("--format", default="delta", choices=FORMATS,
+                   help="table format of the target (default delta; docs/spark.md)")
+    p.add_argument("--checkpoint", metavar="PATH", default=None,
+                   help="Spark's checkpoint location (default TARGET/checkpoint)")
+    p.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, metavar="N",
+                   help=f"hash buckets of a new Parquet mirror table (default {DEFAULT_BUCKETS})")
+    p.add_argument("--metrics-listen", type=listen_address, default=None, metavar="HOST:PORT",
+                   help="serve Prometheus /metrics and /healthz there (default: off; docs/metrics.md)")
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                   help="cdcd's lines at this level and up; Spark's and py4j's own lines show from ERROR, "
+                        "at debug from WARN (and Java traces)")
+    p.add_argument("--log-format", default="auto", choices=LOG_FORMATS,
+                   help="JSON lines, or a console renderer; auto: console on a TTY, else JSON (as the daemon)")
+
+
+def parser(prog: str = "cdcd spark run") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(p)
+    return p
