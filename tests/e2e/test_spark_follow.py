@@ -30,7 +30,7 @@ from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 ORDERS = TableSchema(TableId("public", "orders"), (Column("id", pa.int64(), "bigint", nullable=False),

@@ -48,3 +48,11 @@ def test_apply_strategies_do_not_import_the_job() -> None:
     for name in ("strategy", "parquet", "lakehouse", "lakehouse_sql", "collapse", "rule", "session", "state"):
         path = ROOT / "spark" / f"{name}.py"
         assert not {m for m in imports(path) if m.startswith(job)}, f"{path} imports the job"
+
+
+def test_the_spark_job_takes_only_the_http_server_from_the_daemon() -> None:
+    """`--metrics-listen` reuses the daemon's small HTTP server; nothing else of the daemon's lifecycle."""
+    allowed = {"cdcd.daemon.httpserver", "cdcd.daemon.httpserver.HttpServer", "cdcd.daemon.httpserver.Response"}
+    for path in sorted((ROOT / "spark").rglob("*.py")):
+        daemon = {m for m in imports(path) if m.startswith("cdcd.daemon")}
+        assert daemon <= allowed, f"{path} imports {sorted(daemon - allowed)}"
