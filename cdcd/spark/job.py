@@ -25,10 +25,12 @@ import argparse
 import json
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
 import traceback
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -150,37 +152,75 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
     return Failure(table, span, message, fix, trace)
 
 
-def _files_changed(fmt: str, target: Path, applied: Applied, tables: list[tuple[str, str]],
-                   since: float) -> tuple[int | None, int | None]:
-    """Data files the merge added, and files it rewrote or removed (None: not known, e.g. a remote catalog).
+class FileCounts:
+    """Data files a merge added, and files it rewrote or removed, read from the tables' own commit records.
 
-    Parquet: staged change-log files and rewritten buckets. Delta Lake: add and remove actions of the commits
-    written since ``since``; Iceberg (the default catalog): the summaries of the snapshots made since then."""
-    if fmt == "parquet":
-        return len(applied.files), len(applied.buckets)
-    added = rewritten = 0
-    names = Names(fmt, target)
-    for schema, table in tables:
-        for kind in ("changelog", "tables"):
-            if fmt == "delta":
-                for commit in (names.location(kind, schema, table) / "_delta_log").glob("*.json"):
-                    if commit.stat().st_mtime < since:
-                        continue
-                    for line in commit.read_text().splitlines():
-                        action = json.loads(line) if line.strip() else {}
-                        added += "add" in action
-                        rewritten += "remove" in action
-                continue
-            metadata = sorted((target / kind / schema / table / "metadata").glob("*.metadata.json"),
-                              key=lambda f: f.stat().st_mtime)
-            if not metadata:
-                return None, None
-            for snap in json.loads(metadata[-1].read_text()).get("snapshots", []):
-                if snap.get("timestamp-ms", 0) >= since * 1000:
-                    summary = snap.get("summary", {})
-                    added += int(summary.get("added-data-files", 0)) + int(summary.get("added-delete-files", 0))
-                    rewritten += int(summary.get("deleted-data-files", 0)) + int(summary.get("removed-delete-files", 0))
-    return added, rewritten
+    Parquet: the change-log files staged and the buckets rewritten. Delta Lake: the add and remove actions of
+    the commits made since the merge started; each table's last commit version is kept, so a merge reads only
+    its own commits (the first one of a table in this process lists its log once). Iceberg in the job's
+    default catalog: the summaries of the snapshots made since the merge started, from the table's current
+    metadata (the catalog's SQLite file says which). None: not known (a catalog given with --conf)."""
+
+    def __init__(self, fmt: str, target: Path) -> None:
+        self.fmt = fmt
+        self.target = target
+        self.names = Names(fmt, target)
+        self.versions: dict[Path, int] = {}  # a Delta log's last commit version seen
+
+    def _logs(self, tables: list[tuple[str, str]]) -> list[Path]:
+        return [self.names.location(kind, s, t) / "_delta_log" for s, t in tables for kind in ("changelog", "tables")]
+
+    def before(self, tables: list[tuple[str, str]]) -> None:
+        """Called before a merge: the versions of Delta logs not seen yet."""
+        if self.fmt != "delta":
+            return
+        for log in self._logs(tables):
+            if log not in self.versions:
+                found = [int(n[:-5]) for n in (os.listdir(log) if log.is_dir() else ())
+                         if n.endswith(".json") and n[:-5].isdigit()]
+                self.versions[log] = max(found, default=-1)
+
+    def after(self, applied: Applied, tables: list[tuple[str, str]], since: float) -> tuple[int | None, int | None]:
+        if self.fmt == "parquet":
+            return len(applied.files), len(applied.buckets)
+        if self.fmt == "delta":
+            return self._delta(tables)
+        return self._iceberg(tables, since)
+
+    def _delta(self, tables: list[tuple[str, str]]) -> tuple[int, int]:
+        added = rewritten = 0
+        for log in self._logs(tables):
+            version = self.versions.get(log, -1) + 1
+            while (commit := log / f"{version:020d}.json").is_file():
+                for line in commit.read_text().splitlines():
+                    action = json.loads(line) if line.strip() else {}
+                    added += "add" in action
+                    rewritten += "remove" in action
+                self.versions[log] = version
+                version += 1
+        return added, rewritten
+
+    def _iceberg(self, tables: list[tuple[str, str]], since: float) -> tuple[int | None, int | None]:
+        catalog = self.target / "state" / "iceberg-catalog.db"
+        if not catalog.is_file():
+            return None, None
+        added = rewritten = 0
+        with closing(sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True, timeout=10)) as db:
+            for schema, table in tables:
+                for kind in ("changelog", "tables"):
+                    row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND "
+                                     "table_name = ?", (f"{kind}.{schema}", table)).fetchone()
+                    if row is None:
+                        return None, None
+                    metadata = json.loads(Path(str(row[0]).removeprefix("file:").replace("///", "/", 1))
+                                          .read_text())
+                    for snap in metadata.get("snapshots", []):
+                        if snap.get("timestamp-ms", 0) >= since * 1000:
+                            summary = snap.get("summary", {})
+                            added += int(summary.get("added-data-files", 0)) + int(summary.get("added-delete-files", 0))
+                            rewritten += (int(summary.get("deleted-data-files", 0))
+                                          + int(summary.get("removed-delete-files", 0)))
+        return added, rewritten
 
 
 class Consumer:
@@ -200,6 +240,7 @@ class Consumer:
         self.applied_events = 0
         self.applied_seconds = 0.0
         self.progress = progress if progress is not None else Progress(landing, fmt)
+        self.files = FileCounts(fmt, target)
         self.progress.applied_seq = self.state.applied_seq
         self.progress.tables = {t: (None, s.watermark) for t, s in self.state.tables.items()}
         if self.state.applied_seq in landed_seqs(landing):
@@ -258,6 +299,7 @@ class Consumer:
         segment = Segment(self.landing, batches)
         try:
             tables = sorted(segment.tables())
+            self.files.before(tables)
             applied = self.strategy.apply(segment, self.state.tables)
             new_state = ConsumerState(segment.last, dict(self.state.tables))
             new_state.tables.update(applied.tables)
@@ -273,7 +315,11 @@ class Consumer:
         took = time.monotonic() - started
         self.applied_events += applied.events
         self.applied_seconds += took
-        added, rewritten = _files_changed(self.fmt, self.store.target, applied, tables, wall)
+        try:
+            added, rewritten = self.files.after(applied, tables, wall)
+        except (OSError, ValueError, sqlite3.Error) as exc:  # the merge is committed: its line goes out without them
+            _log.warning("the merge's files not counted", error=str(exc), error_type=type(exc).__name__)
+            added = rewritten = None
         names = [f"{s}.{t}" for s, t in tables]
         _log.info("merge applied", batches=f"{segment.first}..{segment.last}", tables=names, events=applied.events,
                   seconds=round(took, 3), files_added=added, files_rewritten=rewritten, format=self.fmt,

@@ -159,19 +159,13 @@ def _pump(stream: IO[bytes]) -> None:
         _log.error("reading the Spark JVM's output failed", error=str(exc), error_type=type(exc).__name__)
 
 
-def _private_file(kind: str, make: Any) -> str:
-    """A per-process temporary path (``dir`` or ``file``), removed at exit."""
-    if kind not in _files:
-        path = make()
-        _files[kind] = path
-        atexit.register(shutil.rmtree if os.path.isdir(path) else os.unlink, path)
-    return _files[kind]
-
-
 def warehouse_dir() -> str:
     """The local session's ``spark.sql.warehouse.dir``: a temporary directory (removed at exit), never the
     working directory's ``spark-warehouse/``: every table of the job is a path or in its ``cdcd`` catalog."""
-    return _private_file("warehouse", lambda: tempfile.mkdtemp(prefix="cdcd-spark-warehouse-"))
+    if "warehouse" not in _files:
+        _files["warehouse"] = tempfile.mkdtemp(prefix="cdcd-spark-warehouse-")
+        atexit.register(shutil.rmtree, _files["warehouse"], ignore_errors=True)
+    return _files["warehouse"]
 
 
 def _start_jvm(settings: dict[str, str]) -> None:
