@@ -39,6 +39,10 @@ class PostgresOptions(_Section):
     stream_in_progress: bool = True
     """pgoutput protocol 2 (PostgreSQL 14+): large transactions stream while in progress, staged under state.path;
     false: protocol 1."""
+    open_transactions_wait_s: float = Field(default=600.0, gt=0)
+    """How long a table's incremental snapshot waits, after the table joined the publication, for the transactions
+    open at that moment to end (pgoutput never sends what they wrote before it); past it the snapshot fails naming
+    them (docs/postgres.md, "Incremental snapshots")."""
 
 
 class MySqlOptions(_Section):

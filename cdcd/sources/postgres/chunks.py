@@ -22,7 +22,8 @@ the changes a transaction made to a table before the table joined the publicatio
 and a chunk read cannot see them while the transaction is open. So the first LW waits until every transaction
 in progress when the job starts (``pg_current_snapshot()``'s list, which holds every transaction open before the
 table joined and still open) has ended; the chunk reads after it see what they committed. The wait is bounded
-(``OPEN_TX_LIMIT_S``): past it the job fails, naming the transactions, and ``cdcd snapshot`` starts it again.
+(``source.postgres.open_transactions_wait_s``, default 600 s): past it the job fails, naming the transactions,
+and ``cdcd snapshot`` starts it again.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ _LAG_POLL_S = 0.01
 _MASK = 0xFFFFFFFF
 #: The longest the first chunk of a table that joined the publication waits for the transactions open when its
 #: job started (docs/postgres.md, "Incremental snapshots"); past it the job fails, naming them.
-OPEN_TX_LIMIT_S = 600.0
 #: How often that wait looks again, and how often it logs the transactions it waits for.
 _OPEN_TX_POLL_S = 0.2
 _OPEN_TX_LOG_S = 30.0
@@ -147,7 +147,7 @@ class PgChunkReader:
         #: whose snapshot the checkpoint holds as started (a restart may have added them): their next job's first
         #: chunk waits for the transactions open when it starts (``prepare``).
         self.joined: set[TableId] = set()
-        self.open_tx_limit_s = OPEN_TX_LIMIT_S
+        self.open_tx_limit_s = 600.0  # source.postgres.open_transactions_wait_s
         #: The wait ``prepare`` is in, for /status (``incremental_waiting``); None: none.
         self.waiting: dict[str, Any] | None = None
 

@@ -69,6 +69,7 @@ class PostgresSource(Source):
                                 src.postgres.stream_in_progress)
         # Incremental snapshots while streaming (cdcd/capture/incremental.py): PostgreSQL's chunk reads.
         self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
+        self._chunks.open_tx_limit_s = config.source.postgres.open_transactions_wait_s
         self._incr = self._coord.incremental
         self._incr.last = self._last_position
         self._incr.key_json = self._chunks.key_json  # keys whose superseding update lacked a TOAST value are re-read
