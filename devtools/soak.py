@@ -769,6 +769,12 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool) -> bool
         traceback.print_exc()
         line = f"soak {kind}: seed {seed}: FAILED: {exc}"
     finally:
+        landing = soak.landing
+        if (keep or not ok) and soak.disk_mounted:  # the landing zone is on a tmpfs: keep a copy on disk
+            with contextlib.suppress(FileNotFoundError):
+                (soak.landing / "soak-filler").unlink()
+            landing = work / "landing-kept"
+            shutil.copytree(soak.landing, landing)
         soak.unmount_disk()
     for note in soak.notes:
         print(f"soak {kind} note: {note}", flush=True)
@@ -777,7 +783,8 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool) -> bool
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"soak {kind}: work directory kept: {work} (daemon log {work / 'daemon.log'}, "
-              f"consumer log {work / 'consumer.log'}, verify {work / 'verify.txt'}, replay {work / 'replay.txt'}); "
+              f"consumer log {work / 'consumer.log'}, verify {work / 'verify.txt'}, replay {work / 'replay.txt'}, "
+              f"landing zone {landing}); "
               f"again: scripts/soak.sh --source {kind} --seed {seed} --minutes {minutes:g} --format {fmt}",
               flush=True)
     return ok
