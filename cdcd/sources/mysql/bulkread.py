@@ -29,6 +29,7 @@ import functools
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
+from datetime import date
 from typing import Any
 
 import pyarrow as pa
@@ -222,10 +223,26 @@ def _cast_text(raw: pa.Array, type_: pa.DataType) -> pa.Array | None:
         if pa.types.is_float32(type_):  # read as DOUBLE (col * 1E0): rounded to float32 as pa.array does
             return pc.cast(pc.cast(text, pa.float64()), type_)
         if pa.types.is_timestamp(type_) and type_.tz is not None:
-            return pc.cast(pc.cast(text, pa.timestamp(type_.unit)), type_)  # the session is UTC
-        return pc.cast(text, type_)
+            out = pc.cast(pc.cast(text, pa.timestamp(type_.unit)), type_)  # the session is UTC
+        else:
+            out = pc.cast(text, type_)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None  # a zero date, a value out of range: value by value
+    if (type_ == pa.date32() or pa.types.is_timestamp(type_)) and _before_year_1(out):
+        return None  # Arrow takes year 0 ('0000-01-01'), which PyMySQL and the binlog give as a zero date
+    return out
+
+
+_YEAR_1_DAYS = (date(1, 1, 1) - date(1970, 1, 1)).days
+_YEAR_1_US = _YEAR_1_DAYS * 86_400_000_000
+
+
+def _before_year_1(values: pa.Array) -> bool:
+    """Whether a cast date32 / timestamp[us] column holds a date of year 0 (MySQL stores years 0-9999; Python,
+    PyMySQL and the stream have no year 0, so such a value lands as NULL with the zero-date warning)."""
+    is_date = pa.types.is_date32(values.type)
+    low = pc.min(values.cast(pa.int32() if is_date else pa.int64())).as_py()
+    return low is not None and low < (_YEAR_1_DAYS if is_date else _YEAR_1_US)
 
 
 def _column_kinds(schema: TableSchema, field_types: Sequence[int]) -> list[pa.DataType | None]:

@@ -6,6 +6,9 @@ wrongly (it negates the integer part and the fraction separately, so
 stores TIME2 as one big-endian offset integer over the integer and fraction
 bytes together; this decodes it the way the server's
 ``my_time_packed_from_binary`` does.
+
+It also raises ValueError for a DATE or an old-format DATETIME whose day the month does not have
+(``2024-02-31``, stored under ``ALLOW_INVALID_DATES``); those read as None, like its zero dates.
 """
 
 from __future__ import annotations
@@ -43,8 +46,22 @@ def _read_time2(self: Any, column: Any) -> datetime.timedelta:
     return decode_time2(int_bytes, frac_bytes, fsp)
 
 
+def _or_none(read: Any) -> Any:
+    """A DATE / old-format DATETIME reader whose invalid dates (a day the month does not have, which
+    ``ALLOW_INVALID_DATES`` stores) are None, as its zero dates are: the caller records the column as out of
+    range and it lands as NULL with the zero-date warning (the library raised ValueError)."""
+    def reader(self: Any) -> Any:
+        try:
+            return read(self)
+        except ValueError:  # raised by date()/datetime() after the value's bytes were read
+            return None
+    return reader
+
+
 def apply() -> None:
     row_event.RowsEvent._RowsEvent__read_time2 = _read_time2
+    row_event.RowsEvent._RowsEvent__read_date = _or_none(row_event.RowsEvent._RowsEvent__read_date)
+    row_event.RowsEvent._RowsEvent__read_datetime = _or_none(row_event.RowsEvent._RowsEvent__read_datetime)
 
 
 apply()

@@ -52,11 +52,15 @@ _MAX_TABLES = 256  # compiled table shapes kept
 # ------------------------------------------------------------------ value helpers (called from generated code)
 
 def _date(t: int) -> date | None:
-    """DATE: 3 bytes little-endian, day | month << 5 | year << 9; zero parts are the zero date (None)."""
+    """DATE: 3 bytes little-endian, day | month << 5 | year << 9; zero parts are the zero date (None), and so is
+    a day the month does not have (``ALLOW_INVALID_DATES`` stores ``2024-02-31``): NULL with the warning."""
     year, month, day = (t >> 9) & 0x7FFF, (t >> 5) & 0xF, t & 0x1F
     if not (year and month and day):
         return None
-    return date(year, month, day)
+    try:
+        return date(year, month, day)
+    except ValueError:
+        return None
 
 
 def _time2_reader(fsp: int) -> Callable[[bytes, int], timedelta]:

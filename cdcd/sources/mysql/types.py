@@ -12,8 +12,9 @@ than 38 digits → string, TIME (may be negative, up to ±838 h) → duration[us
 SET → string as MySQL prints it, BIT → binary (big-endian bytes), YEAR → int16,
 MariaDB's UUID / INET6 / INET4 → string in the server's own text form (the binlog
 carries their 16/4 stored bytes; the stream formats them as the server prints
-them). Zero dates (``0000-00-00``, zero month or day, the zero TIMESTAMP) have no
-value in Arrow: both paths land NULL and warn once per column (``ZeroValue``).
+them). Zero dates (``0000-00-00``, zero month or day, the zero TIMESTAMP), year 0 and days the
+month does not have (``ALLOW_INVALID_DATES``) land NULL on every path, with one warning per column
+(``ZeroValue``).
 A type this module does not know lands as text with a warning.
 """
 
@@ -78,9 +79,13 @@ def warn_once(table: Any, column: str, reason: str, **kw: Any) -> None:
         log.warning(reason, table=str(table), column=column, **kw)
 
 
+_COMMENT = re.compile(r"/\*[^*]*\*/\s*$")  # trailing only: an ENUM label may hold "/*"
+
+
 def normalize_source_type(column_type: str) -> str:
-    """``int(11) unsigned zerofill`` → ``int unsigned``; other types keep their arguments."""
-    t = column_type.strip().lower().replace(" zerofill", "")
+    """``int(11) unsigned zerofill`` → ``int unsigned``; other types keep their arguments. MariaDB's comments
+    are dropped (``datetime /* mariadb-5.3 */``: a column in the storage format before MySQL 5.6's)."""
+    t = _COMMENT.sub(" ", column_type).strip().lower().replace(" zerofill", "")
     t = _WIDTH.sub(r"\1", t)
     return re.sub(r"\s+", " ", t)
 
