@@ -82,6 +82,17 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float, step: flo
 # ------------------------------------------------------------------ the sources
 
 
+def stop_server(server: PostgresServer | MariaDBServer | None) -> None:
+    """Stop a throwaway server, also one whose start was interrupted (no directory or process yet)."""
+    if server is None:
+        return
+    if getattr(server, "root", None) is None:
+        if server.proc is not None and server.proc.poll() is None:
+            server.proc.kill()
+        return
+    server.stop()
+
+
 class Conn:
     """A workload connection: ``run`` runs statements in one transaction, committed or rolled back."""
 
@@ -127,7 +138,8 @@ class PgSource(Source):
     kind = "postgres"
 
     def start(self) -> None:
-        self.server = PostgresServer().start()
+        self.server = PostgresServer()  # assigned first: stop() ends a start that was interrupted
+        self.server.start()
         self.port = self.server.port
         self.server.create_database(DB)
         # a short stall bound for a blackholed stream (tests/e2e/test_faults_network.py does the same)
@@ -141,7 +153,7 @@ class PgSource(Source):
                 f" FROM generate_series(1, {INITIAL_ROWS}) g", DB)
 
     def stop(self) -> None:
-        self.server.stop()
+        stop_server(getattr(self, "server", None))
 
     def admin(self, sql: str) -> None:
         self.server.psql(sql, DB)
@@ -204,7 +216,8 @@ class MariaSource(Source):
     kind = "mariadb"
 
     def start(self) -> None:
-        self.server = MariaDBServer().start()
+        self.server = MariaDBServer()  # assigned first: stop() ends a start that was interrupted
+        self.server.start()
         self.port = self.server.port
         self.server.create_database(DB)
         for t in BASE_TABLES + EXTRA_TABLES:
@@ -214,7 +227,7 @@ class MariaSource(Source):
                 f" FROM seq_1_to_{INITIAL_ROWS}", DB)
 
     def stop(self) -> None:
-        self.server.stop()
+        stop_server(getattr(self, "server", None))
 
     def admin(self, sql: str) -> None:
         self.server.sql(sql, DB)
@@ -625,9 +638,9 @@ class Soak:
     # ---- the run
 
     def run(self) -> tuple[bool, str]:
-        self.source.start()
-        self.proxy = FaultProxy(self.source.port).start()
         try:
+            self.source.start()
+            self.proxy = FaultProxy(self.source.port).start()
             self.mount_disk()
             self.write_config()
             self.daemon = Proc("daemon", [CDCD, "run", "-c", str(self.config_path)], self.work / "daemon.log")
@@ -662,7 +675,8 @@ class Soak:
             if getattr(self, "workload", None) is not None and self.workload.is_alive():
                 self.workload.stop_event.set()
                 self.workload.join(60)
-            self.proxy.close()
+            if getattr(self, "proxy", None) is not None:
+                self.proxy.close()
             self.source.stop()
 
     def finish(self) -> tuple[bool, str]:
@@ -763,11 +777,15 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool) -> bool
     source: Source = PgSource() if kind == "postgres" else MariaSource()
     soak = Soak(source, seed, minutes, fmt, work)
     ok, line = False, f"soak {kind}: seed {seed}: failed before the end"
+    interrupted: BaseException | None = None
     try:
         ok, line = soak.run()
     except Exception as exc:
         traceback.print_exc()
         line = f"soak {kind}: seed {seed}: FAILED: {exc}"
+    except BaseException as exc:  # SIGTERM (SystemExit) or ^C: say where things are, then go on ending
+        interrupted = exc
+        line = f"soak {kind}: seed {seed}: interrupted ({exc!r})"
     finally:
         landing = soak.landing
         if (keep or not ok) and soak.disk_mounted:  # the landing zone is on a tmpfs: keep a copy on disk
@@ -787,6 +805,8 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool) -> bool
               f"landing zone {landing}); "
               f"again: scripts/soak.sh --source {kind} --seed {seed} --minutes {minutes:g} --format {fmt}",
               flush=True)
+    if interrupted is not None:
+        raise interrupted
     return ok
 
 
