@@ -71,7 +71,8 @@ def test_a_committed_set_covers_what_the_binlog_reader_read() -> None:
         covers(MariaGtidSet.parse("0-1-1"), MySqlGtidSet.parse(f"{U1}:1"))
 
 
-def test_mysql_without_gtids_refuses_incremental_snapshots_with_the_fix() -> None:
+async def test_mysql_without_gtids_refuses_incremental_snapshots_with_the_fix() -> None:
+    # async: a reload hands its work to the chunk task as a future of the running loop
     from cdcd.sources.mysql import MySqlSource
 
     cfg = parse_config({"source": {"kind": "mysql", "user": "u", "database": "d", "tables": ["d.t", "d.u"],
