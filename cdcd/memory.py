@@ -1,6 +1,6 @@
 """The daemon's memory settings, applied once at start-up (docs/operations.md, "Memory").
 
-Measured on the benchmark lines (docs/benchmarks.md, "Peak memory and the collector"): on the
+Measured on the benchmark lines (docs/benchmarks-history.md, "Peak memory and the collector"): on the
 snapshot lines most of the daemon's peak RSS above its ~110 MB of imports was memory already freed
 but kept by allocators, not data in flight:
 

@@ -161,7 +161,7 @@ def covered(batch: Batch) -> list[dict[str, Any]]:
 #: The dictionary page limit of landed files: a column whose dictionary outgrows it (a key, ``_cdc_pos``,
 #: free text) falls back to plain encoding after 64 KB instead of 1 MB of dictionary built and dropped,
 #: while low-cardinality columns (``_cdc_op``, status codes) keep their dictionary. On a 50,000-row
-#: narrow batch: 19.5 -> 10.7 ms to encode, 2.35 -> 1.96 MB (docs/benchmarks.md, "Snapshots").
+#: narrow batch: 19.5 -> 10.7 ms to encode, 2.35 -> 1.96 MB (docs/benchmarks-history.md, "Snapshots").
 DICTIONARY_PAGE_LIMIT = 64 << 10
 
 
