@@ -106,6 +106,10 @@ class ReplicationConnection:
         self.stall_timeout_s = DEFAULT_STALL_S
         #: When set, ``xlog`` yields an empty list if no data came by this ``time.monotonic()`` (once).
         self.wake_at: float | None = None
+        #: The WAL end of the last primary keepalive after which no XLogData came (0: none since ``take_keepalive``)
+        #: and whether one asked for a reply: the server had sent everything it decoded before that position.
+        self._keepalive_lsn = 0
+        self._keepalive_reply = False
 
     # ------------------------------------------------------------ connecting
 
@@ -314,15 +318,21 @@ class ReplicationConnection:
 
         Lists rather than single messages: crossing async generators per message costs more than decoding it;
         and the buffer cuts them out in bulk (``MessageBuffer.take_xlog``), with no object per message but the
-        data itself. Keepalives are answered here. An empty list: nothing came by ``wake_at``.
+        data itself. Keepalives are answered here. An empty list: nothing came by ``wake_at``, or a keepalive
+        came with no data (``take_keepalive``).
         """
         buf = self._buf
         while True:
             out: list[bytes] = []
+            keepalive = False  # a keepalive came in this read with no XLogData after it
             while True:
+                taken = len(out)
                 wal_end, msg = buf.take_xlog(out)
                 if wal_end > self.received_lsn:
                     self.received_lsn = wal_end
+                if len(out) > taken:  # XLogData after a keepalive: that keepalive's position is behind the stream
+                    keepalive = False
+                    self._keepalive_lsn, self._keepalive_reply = 0, False
                 if msg is None:
                     break
                 if msg.kind == b"d":
@@ -331,7 +341,13 @@ class ReplicationConnection:
                         self.received_lsn = item.wal_end
                     if isinstance(item, p.XLogData):  # never: take_xlog takes every well-formed one
                         out.append(item.data)
-                    elif item.reply_requested:
+                        keepalive = False
+                        self._keepalive_lsn, self._keepalive_reply = 0, False
+                        continue
+                    keepalive = True
+                    self._keepalive_lsn = item.wal_end
+                    self._keepalive_reply = self._keepalive_reply or item.reply_requested
+                    if item.reply_requested:
                         self.send_status()
                 elif msg.kind == b"E":
                     raise server_error(p.parse_error_fields(msg.payload), f"{self._params.where}: replication stream")
@@ -344,6 +360,9 @@ class ReplicationConnection:
             if out:
                 self.wake_at = None  # the reader gets messages: it sets a new wake time if it wants one
                 yield out
+            elif keepalive:
+                self.wake_at = None
+                yield []  # the reader may take the keepalive's position (``take_keepalive``)
             # The reader may hold decoded items until ``wake_at``: it is told (an empty list) when no message
             # came by then, also when only a keepalive or part of a message did.
             wake = self.wake_at
@@ -362,6 +381,25 @@ class ReplicationConnection:
             if not data:
                 raise SourceError(f"{self._params.where}: the server closed the replication connection")
             buf.feed(data)
+
+    @property
+    def keepalive_pending(self) -> bool:
+        """A keepalive that no XLogData followed waits for ``take_keepalive``."""
+        return self._keepalive_lsn != 0
+
+    def take_keepalive(self) -> tuple[int, bool] | None:
+        """The WAL end of the last primary keepalive that no XLogData followed, and whether a keepalive since the
+        last take asked for a reply; None when there is none. Taken once.
+
+        The walsender sends a keepalive with its ``sentPtr``, the end of the last WAL record it decoded, and
+        decodes in WAL order: every transaction whose commit record lies before that position was sent before
+        the keepalive. One sent while the walsender outputs a transaction carries a position at or before that
+        transaction's commit record: the reader takes a position only between transactions. At a fast shutdown
+        the walsender waits, asking for replies, until the client confirms exactly that position
+        (``WalSndDone``)."""
+        lsn, reply = self._keepalive_lsn, self._keepalive_reply
+        self._keepalive_lsn, self._keepalive_reply = 0, False
+        return (lsn, reply) if lsn else None
 
     def send_status(self, reply: bool = False) -> None:
         """Standby status update. ``flush`` is what the source set: never more than the durable checkpoint."""

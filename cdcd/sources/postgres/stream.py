@@ -334,11 +334,15 @@ class PgStream:
             if not chunk:
                 yield chunk
                 continue
+            passed = False
             for messages in spool.translate(chunk):
+                passed = True
                 yield messages
                 # A replay comes from a local file and never waits: let the runtime's timer seal batches, its
                 # deliverer land them and the status updates go out meanwhile.
                 await asyncio.sleep(0)
+            if not passed and repl.keepalive_pending:
+                yield []  # the read went to the spool whole: the reader may still take the keepalive after it
 
     async def _decode(self, wire: AsyncIterator[list[bytes]]) -> AsyncIterator[Item]:
         relations = pgoutput.RelationCache()
@@ -357,6 +361,11 @@ class PgStream:
         block: BlockBuilder | None = None
         first = rows = size = 0
         generation = self._generation
+        # Between transactions (no Begin without its Commit yet), the highest WAL position an item took and when
+        # progress last went out: a keepalive's position becomes a mark only beyond it (``_keepalive``).
+        in_tx = False
+        reached = self.flush_lsn
+        progress_at = time.monotonic()
         async for chunk in wire:
             if generation != self._generation:  # a reload changed the captured tables (``capture``)
                 generation = self._generation
@@ -408,11 +417,15 @@ class PgStream:
                             out.add(self._row_event(msg, dec, PgPosition(commit_lsn, seq), xid, commit_ts))
                     elif isinstance(msg, pgoutput.Begin):
                         commit_lsn, seq, xid, commit_ts = msg.final_lsn, 0, str(msg.xid), msg.commit_ts
+                        in_tx = True
+                        reached = max(reached, commit_lsn)
                         self.lag_ms = max(0.0, (time.time() - msg.commit_ts.timestamp()) * 1000)
                     elif isinstance(msg, pgoutput.Commit):
                         seq += 1
                         out.add(Mark(MarkKind.COMMIT, PgPosition(commit_lsn, seq),
                                      {"lsn": format_lsn(commit_lsn), "end_lsn": format_lsn(msg.end_lsn)}))
+                        in_tx = False
+                        progress_at = time.monotonic()
                     elif isinstance(msg, pgoutput.Relation):
                         relations.add(msg)
                         dec = decoders[msg.oid] = await self._relation(msg)
@@ -427,6 +440,8 @@ class PgStream:
                     elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX \
                             and not msg.transactional:
                         out.add(Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0)))
+                        reached = max(reached, msg.lsn)
+                        progress_at = time.monotonic()
                 if out.full():
                     for item in out.flush():
                         yield item
@@ -437,8 +452,31 @@ class PgStream:
                 continue
             for item in out.flush():
                 yield item
+            if not in_tx and self.repl is not None and self.repl.keepalive_pending:
+                mark = self._keepalive(self.repl, reached, progress_at)
+                if mark is not None:
+                    reached, progress_at = mark.position.lsn, time.monotonic()  # type: ignore[union-attr]
+                    yield mark
         for item in out.flush():  # the server ended the stream: what was decoded goes out
             yield item
+
+    def _keepalive(self, repl: ReplicationConnection, reached: int, progress_at: float) -> Mark | None:
+        """A heartbeat mark at the position of the keepalive the server sent after its last data, taken between
+        transactions; None when it is not beyond ``reached`` or not wanted yet.
+
+        The server sent every transaction whose commit lies before that position (``take_keepalive``), so the
+        mark is a position like a heartbeat message's: landed and checkpointed, then confirmed as ``flush``.
+        It ends the server's fast shutdown, whose walsender waits for its last keepalive's position to be
+        confirmed; a keepalive that asks for a reply is taken at once, any other only when no progress went out
+        for ``heartbeat_s`` (an idle stream; a busy one saves no checkpoint per keepalive). Protocol 2: an
+        in-progress transaction still spooled commits after the keepalive, beyond its position."""
+        taken = repl.take_keepalive()
+        if taken is None:
+            return None
+        lsn, reply = taken
+        if lsn <= reached or not (reply or time.monotonic() - progress_at >= self._heartbeat_s):
+            return None
+        return Mark(MarkKind.HEARTBEAT, PgPosition(lsn, 0), {"keepalive": format_lsn(lsn)})
 
     async def _recapture(self, relations: pgoutput.RelationCache, decoders: dict[int, RowDecoder | None],
                          builders: dict[int, BlockBuilder | None]) -> None:
