@@ -644,8 +644,10 @@ class Soak:
             self.mount_disk()
             self.write_config()
             self.daemon = Proc("daemon", [CDCD, "run", "-c", str(self.config_path)], self.work / "daemon.log")
+            self.metrics_port = free_port()  # the consumer's metrics: checked against the landing zone at the end
             self.consumer = Proc("consumer", [CDCD, "spark", "run", "--landing", str(self.landing), "--target",
-                                              str(self.target), "--format", self.fmt], self.work / "consumer.log")
+                                              str(self.target), "--format", self.fmt, "--metrics-listen",
+                                              f"127.0.0.1:{self.metrics_port}"], self.work / "consumer.log")
             self.daemon.start()
             wait_for("the daemon's /readyz", lambda: self.status().get("state") is not None, 120)
             self.consumer.start()
@@ -732,6 +734,10 @@ class Soak:
             return all(s in done for s in landed_seqs(self.landing))
 
         wait_for("the consumer to apply every landed batch", consumed, 900, step=2.0)
+        newest = max(landed_seqs(self.landing), default=0)
+        wait_for("the consumer's metrics to show the newest landed batch applied, no lag",
+                 lambda: self.consumer_metrics().get("cdcd_spark_applied_batch_seq") == newest
+                 and self.consumer_metrics().get("cdcd_spark_lag_batches") == 0, 120, step=2.0)
         code = self.consumer.stop(signal.SIGTERM, 180)
         if code != 0:
             self.notes.append(f"the consumer's stop at the end exited {code} (None: hung)")
@@ -753,6 +759,22 @@ class Soak:
         if not replay_ok:
             print(replay_text[-4000:], flush=True)
         return ok, line
+
+    def consumer_metrics(self) -> dict[str, float]:
+        """The following consumer's unlabelled metrics (``--metrics-listen``), scraped now; {} when it does not
+        answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except (urllib.error.URLError, OSError):
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                with contextlib.suppress(ValueError):
+                    out[name] = float(value)
+        return out
 
     def supervise_consumer_only(self) -> None:
         c = self.consumer
