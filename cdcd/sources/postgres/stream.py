@@ -361,11 +361,10 @@ class PgStream:
         block: BlockBuilder | None = None
         first = rows = size = 0
         generation = self._generation
-        # Between transactions (no Begin without its Commit yet), the highest WAL position an item took and when
-        # progress last went out: a keepalive's position becomes a mark only beyond it (``_keepalive``).
+        # Between transactions (no Begin without its Commit yet), and the highest WAL position an item took: a
+        # keepalive's position becomes a mark only beyond it (``_keepalive``).
         in_tx = False
         reached = self.flush_lsn
-        progress_at = time.monotonic()
         async for chunk in wire:
             if generation != self._generation:  # a reload changed the captured tables (``capture``)
                 generation = self._generation
@@ -425,7 +424,6 @@ class PgStream:
                         out.add(Mark(MarkKind.COMMIT, PgPosition(commit_lsn, seq),
                                      {"lsn": format_lsn(commit_lsn), "end_lsn": format_lsn(msg.end_lsn)}))
                         in_tx = False
-                        progress_at = time.monotonic()
                     elif isinstance(msg, pgoutput.Relation):
                         relations.add(msg)
                         dec = decoders[msg.oid] = await self._relation(msg)
@@ -441,7 +439,6 @@ class PgStream:
                             and not msg.transactional:
                         out.add(Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0)))
                         reached = max(reached, msg.lsn)
-                        progress_at = time.monotonic()
                 if out.full():
                     for item in out.flush():
                         yield item
@@ -453,28 +450,30 @@ class PgStream:
             for item in out.flush():
                 yield item
             if not in_tx and self.repl is not None and self.repl.keepalive_pending:
-                mark = self._keepalive(self.repl, reached, progress_at)
+                mark = self._keepalive(self.repl, reached)
                 if mark is not None:
-                    reached, progress_at = mark.position.lsn, time.monotonic()  # type: ignore[union-attr]
+                    reached = mark.position.lsn  # type: ignore[union-attr]
                     yield mark
         for item in out.flush():  # the server ended the stream: what was decoded goes out
             yield item
 
-    def _keepalive(self, repl: ReplicationConnection, reached: int, progress_at: float) -> Mark | None:
+    def _keepalive(self, repl: ReplicationConnection, reached: int) -> Mark | None:
         """A heartbeat mark at the position of the keepalive the server sent after its last data, taken between
-        transactions; None when it is not beyond ``reached`` or not wanted yet.
+        transactions, when one asked for a reply; None when none did or the position is not beyond ``reached``.
 
         The server sent every transaction whose commit lies before that position (``take_keepalive``), so the
-        mark is a position like a heartbeat message's: landed and checkpointed, then confirmed as ``flush``.
-        It ends the server's fast shutdown, whose walsender waits for its last keepalive's position to be
-        confirmed; a keepalive that asks for a reply is taken at once, any other only when no progress went out
-        for ``heartbeat_s`` (an idle stream; a busy one saves no checkpoint per keepalive). Protocol 2: an
-        in-progress transaction still spooled commits after the keepalive, beyond its position."""
+        mark is a position like a heartbeat message's: checkpointed, then confirmed as ``flush``. It ends the
+        server's fast shutdown, whose walsender asks for replies until its last keepalive's position is
+        confirmed. A keepalive that asks for no reply (the answer to cdcd's status updates, every few seconds)
+        is no mark: on an idle stream the heartbeats advance the slot already, and a mark per keepalive would
+        double the checkpoint saves. The server asks for a reply otherwise only when it heard nothing from cdcd
+        for half its ``wal_sender_timeout``, which the status updates prevent. Protocol 2: an in-progress
+        transaction still spooled commits after the keepalive, beyond its position."""
         taken = repl.take_keepalive()
         if taken is None:
             return None
         lsn, reply = taken
-        if lsn <= reached or not (reply or time.monotonic() - progress_at >= self._heartbeat_s):
+        if not reply or lsn <= reached:
             return None
         return Mark(MarkKind.HEARTBEAT, PgPosition(lsn, 0), {"keepalive": format_lsn(lsn)})
 
