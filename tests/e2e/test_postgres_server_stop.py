@@ -3,8 +3,9 @@ while cdcd streams, and cdcd resumes once the server is back, nothing lost or do
 
 At a fast shutdown the walsender waits, before it exits, for the client to confirm (standby status ``flush``)
 everything it sent, which ends past the shutdown checkpoint record. cdcd confirms only what its durable
-checkpoint covers, so it takes the keepalive the walsender sends then as a position of its own (a heartbeat
-mark: landed, checkpointed, then confirmed) — docs/postgres.md "The server's own shutdown".
+checkpoint covers, so it takes the keepalive the walsender sends then (asking for a reply) as a position of its
+own (a heartbeat mark: checkpointed, then confirmed) — docs/postgres.md "The server's own shutdown". Without
+that the shutdown never ends while cdcd is connected.
 
 The server is the test's own: it is stopped and started again.
 """
