@@ -116,8 +116,19 @@ def workload(s: Setup, lo: int) -> int:
     return lo + 1000
 
 
-@pytest.mark.parametrize("open_tx", [False, True], ids=["idle", "in-progress-transaction"])
-def test_fast_shutdown_of_the_server_finishes_while_cdcd_streams_and_cdcd_resumes(open_tx: bool,
+def psql_session(s: Setup, text: str) -> subprocess.Popen[str]:
+    """A psql session of its own running ``text``, left open (the shutdown ends it)."""
+    proc = subprocess.Popen(
+        ["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(s.server.port), "-U", "postgres", "-d", "app"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdin is not None
+    proc.stdin.write(text)
+    proc.stdin.flush()
+    return proc
+
+
+@pytest.mark.parametrize("during", ["idle", "writes", "in-progress-transaction"])
+def test_fast_shutdown_of_the_server_finishes_while_cdcd_streams_and_cdcd_resumes(during: str,
                                                                                    setup: Setup) -> None:
     s = setup
     s.start("landed")
@@ -127,23 +138,25 @@ def test_fast_shutdown_of_the_server_finishes_while_cdcd_streams_and_cdcd_resume
     landed = max(b.seq for b in s.batches())
     s.wait("the checkpoint covers them", lambda: (c := s.checkpoint()) is not None and c.batch_seq >= landed)
     holder: subprocess.Popen[str] | None = None
-    if open_tx:
+    if during == "in-progress-transaction":
         # a large transaction still open at the shutdown: the server streams it in progress (protocol 2) and cdcd
         # spools it; the fast shutdown ends its session, so it never commits
-        holder = subprocess.Popen(
-            ["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(s.server.port), "-U", "postgres", "-d", "app"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
-        assert holder.stdin is not None
-        holder.stdin.write("BEGIN;\nINSERT INTO t SELECT g, g FROM generate_series(50000, 60000) g;\n")
-        holder.stdin.flush()
+        holder = psql_session(s, "BEGIN;\nINSERT INTO t SELECT g, g FROM generate_series(50000, 60000) g;\n")
         s.wait("the open transaction streamed in progress", lambda: int(s.server.psql(
             "SELECT coalesce(sum(stream_txns), 0) FROM pg_stat_replication_slots") or 0) > 0)
+    elif during == "writes":
+        # small transactions one after another until the shutdown ends the session
+        holder = psql_session(s, "DO $$ BEGIN FOR i IN 10000..19999 LOOP INSERT INTO t VALUES (i, i); COMMIT; "
+                                 "PERFORM pg_sleep(0.002); END LOOP; END $$;\n")
+        s.wait("the writes streamed", lambda: 10020 in {r["id"] for r in s.streamed()})
     s.fast_shutdown()
     if holder is not None:
         holder.kill()
         holder.wait(10)
     assert s.procs[-1].poll() is None, s.tail()  # cdcd waits for the server, as for any outage
     s.server.restart()
+    written = [int(i) for i in s.sql("SELECT id FROM t WHERE id >= 10000 ORDER BY id").split()]
+    assert (during == "writes") == bool(written), written
     last = workload(s, 2000)
     s.wait("the changes after the restart landed", lambda: last in {r["id"] for r in s.streamed()})
     assert s.procs[-1].poll() is None, s.tail()
@@ -151,7 +164,8 @@ def test_fast_shutdown_of_the_server_finishes_while_cdcd_streams_and_cdcd_resume
     positions = [r["_cdc_pos"] for r in streamed]
     assert len(positions) == len(set(positions)), "a change landed twice"
     inserted = sorted(r["id"] for r in streamed if r["_cdc_op"] == "c")
-    assert inserted == sorted([*range(100, 400), 1100, *range(2000, 2300), 3000]), "an insert lost or doubled"
+    assert inserted == sorted([*range(100, 400), 1100, *written, *range(2000, 2300), 3000]), \
+        "an insert lost or doubled"
     assert s.replay() == s.table()
     s.procs[-1].send_signal(signal.SIGTERM)
     assert s.procs[-1].wait(60) == 0, s.tail()
