@@ -25,6 +25,11 @@ from typing import Any
 # A value the environment sets is kept.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+if sys.argv[1:3] == ["spark", "run"]:  # the Spark consumer takes SIGTERM/SIGINT before the rest loads (docs/spark.md)
+    from cdcd.spark.stopping import GUARD
+
+    GUARD.install()
+
 from cdcd import __version__
 from cdcd.config import Config, load_config
 from cdcd.daemon.exitcodes import ExitCode, exit_code_for
@@ -328,6 +333,8 @@ def cmd_checkpoint_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_spark_run(args: argparse.Namespace) -> int:
+    # SIGTERM/SIGINT from here on end it with its documented exit code, also while pyspark loads (docs/spark.md)
+    importlib.import_module("cdcd.spark.stopping").GUARD.install()
     run_args = importlib.import_module("cdcd.spark.job").run_args  # loaded on use: it imports pyspark
 
     return int(run_args(args))

@@ -35,6 +35,7 @@ SPREAD = frozenset({
 #: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
 SLOWEST_FIRST = (
     "test_soak.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_demo.py", "test_spark_formats.py",
+    "test_spark_stop.py",
     "test_spark_kill.py", "test_incremental_snapshot.py", "test_spark_cds.py", "test_spark_types_large.py",
     "test_spark_mariadb.py", "test_landing_consumed.py", "test_snapshot_generations.py", "test_spark_consumer.py",
     "test_faults_network.py", "test_faults_disk.py", "test_operator_snapshot.py", "test_postgres_inprogress_crash.py",

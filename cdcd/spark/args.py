@@ -10,6 +10,8 @@ import argparse
 
 FORMATS = ("parquet", "delta", "iceberg")
 DEFAULT_BUCKETS = 16
+#: After SIGTERM/SIGINT the consumer exits within this (``--stop-timeout``; ``cdcd.spark.stopping``).
+DEFAULT_STOP_TIMEOUT_S = 45.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
 DESCRIPTION = "merge landed batches into change-log tables and current-state mirrors (docs/spark.md)"
@@ -37,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"hash buckets of a new Parquet mirror table (default {DEFAULT_BUCKETS})")
     p.add_argument("--metrics-listen", type=listen_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus /metrics and /healthz there (default: off; docs/metrics.md)")
+    p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
+                   help="after SIGTERM/SIGINT, the merge in progress may finish within this many seconds; past "
+                        "it (or at a second signal) it is abandoned, exit 3 (default 45; docs/spark.md, Stopping)")
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                    help="cdcd's lines at this level and up; Spark's and py4j's own lines show from ERROR, "
                         "at debug from WARN (and Java traces)")

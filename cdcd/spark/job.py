@@ -17,6 +17,11 @@ It logs in the daemon's format (``cdcd.logging``): one line per merge, and a fai
 one error line naming the table, the batches and the fix where one is known (``describe``), the
 Java or Python trace at debug only. ``--metrics-listen`` serves Prometheus metrics and
 ``/healthz`` (``cdcd.spark.metrics``).
+
+SIGTERM and SIGINT (``cdcd.spark.stopping``, docs/spark.md "Stopping"): the merge in progress finishes, no other
+starts, the streaming query, the session and the local JVM stop, exit 0; a second signal or ``--stop-timeout``
+abandon the merge (exit 3). Exit codes: 0 done or stopped, 1 a merge or the query failed, 2 unusable arguments,
+3 stopped without finishing the merge in progress.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 import structlog
 from pyspark.sql import DataFrame, SparkSession
 
+from cdcd.daemon.exitcodes import ExitCode
 from cdcd.errors import CdcdError, ConfigError
 from cdcd.landing.layout import MANIFESTS
 from cdcd.landing.reader import is_consumed, landed_seqs, mark_consumed, read_manifest
@@ -49,8 +55,9 @@ from cdcd.spark.args import DEFAULT_BUCKETS, FORMATS
 from cdcd.spark.lakehouse import LakehouseStrategy, Names, prepare_run
 from cdcd.spark.metrics import MetricsServer, Progress
 from cdcd.spark.parquet import ParquetStrategy
-from cdcd.spark.session import quiet_python_loggers, session
+from cdcd.spark.session import end_local_jvm, quiet_python_loggers, session, stop_local
 from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore, lock_target
+from cdcd.spark.stopping import DEFAULT_STOP_TIMEOUT_S, GUARD, JVM_EXIT_S, STOP_SIGNALS
 from cdcd.spark.strategy import FAILED_TABLE, Applied, ApplyStrategy, Segment
 
 __all__ = ["DEFAULT_BUCKETS", "FORMATS", "Consumer", "main", "run"]
@@ -122,6 +129,7 @@ def _missing_files(landing: Path, batches: list[tuple[int, dict[str, Any]]]) -> 
 def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
              batches: list[tuple[int, dict[str, Any]]]) -> Failure:
     """The error line of a failed merge: the table, the batches, the message and the fix where one is known."""
+    GUARD.hold()  # the failure may come from a forced stop ending the JVM: then the stop's exit code stands
     message, trace = _message_and_trace(exc)
     table: str | None = getattr(exc, FAILED_TABLE, None)
     span = f"{batches[0][0]}..{batches[-1][0]}" if batches else "-"
@@ -227,13 +235,16 @@ class Consumer:
     """Applies landed batches through the format's strategy; for the stream handler and the start-up catch-up."""
 
     def __init__(self, spark: SparkSession, landing: Path, target: Path, fmt: str = "parquet",
-                 buckets: int = DEFAULT_BUCKETS, progress: Progress | None = None) -> None:
+                 buckets: int = DEFAULT_BUCKETS, progress: Progress | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.spark = spark
         self.landing = landing
         self.fmt = fmt
         self.store = TargetStore(target)
         self.lock = threading.Lock()
         self.stopping = False
+        #: set by a stop signal: the merge in progress finishes, no other starts (the next run applies them)
+        self.stop = stop if stop is not None else threading.Event()
         self.failed: MergeFailed | None = None  # a merge of the stream failed: the loop stops and exits 1
         self.state: ConsumerState = self.store.recover()
         self.strategy = make_strategy(fmt, spark, self.store, buckets)
@@ -273,11 +284,13 @@ class Consumer:
             self._same_zone(zone, seq, manifest)
             # one daemon run per merge: the dedupe of re-delivered events relies on it
             if segment and (manifest["run_id"] != segment[0][1]["run_id"] or size >= MAX_SEGMENT_EVENTS):
+                if self.stop.is_set():
+                    return
                 self._apply_segment(segment)
                 segment, size = [], 0
             segment.append((seq, manifest))
             size += int(manifest["event_count"])
-        if segment:
+        if segment and not self.stop.is_set():
             self._apply_segment(segment)
 
     def _check_zone(self) -> str | None:
@@ -342,21 +355,32 @@ def run(
     buckets: int = DEFAULT_BUCKETS,
     dedicated: bool = False,
     metrics_listen: tuple[str, int] | None = None,
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
 ) -> int:
-    """Run the consumer; the exit code: 0 done or stopped by SIGTERM, 1 failed, 2 unusable arguments.
+    """Run the consumer; the exit code: 0 done or stopped by SIGTERM/SIGINT, 1 failed, 2 unusable arguments,
+    3 stopped without finishing the merge in progress (a second signal, or ``stop_timeout`` seconds after the
+    first: ``cdcd.spark.stopping``).
 
-    ``dedicated``: the process runs this consumer alone (``cdcd spark run``), so a local session it starts
-    loads the extension of ``fmt`` only (``session.session``). ``metrics_listen``: (host, port) of /metrics and
-    /healthz (``cdcd.spark.metrics``)."""
+    ``dedicated``: the process runs this consumer alone (``cdcd spark run``, the module, spark-submit): a local
+    session it starts loads the extension of ``fmt`` only (``session.session``), the process takes SIGTERM and
+    SIGINT (on the main thread), and the session and its local JVM are stopped before the target is unlocked.
+    ``metrics_listen``: (host, port) of /metrics and /healthz (``cdcd.spark.metrics``)."""
+    if dedicated and GUARD.install():
+        GUARD.limit_s = stop_timeout
+        GUARD.on_force(lambda: _end_jvm_now())
+    stop = GUARD.requested if GUARD.installed else threading.Event()
     if not structlog.is_configured():  # run in-process by other code (tests, the CDS training): log to stderr
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
     if fmt not in FORMATS:
         _log.error(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
-        return 2
+        return ExitCode.USAGE
+    if stop_timeout <= 0:
+        _log.error(f"--stop-timeout {stop_timeout:g} is not a number of seconds above 0")
+        return ExitCode.USAGE
     landing_path, target_path = Path(landing), Path(target)
     if not landing_path.is_dir():
         _log.error(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
-        return 2
+        return ExitCode.USAGE
     progress = Progress(landing_path, fmt)
     server = None
     if metrics_listen is not None:
@@ -365,22 +389,25 @@ def run(
             server.start()
         except ConfigError as exc:
             _log.error(str(exc))
-            return 2
+            return ExitCode.USAGE
     try:
         if fmt != "parquet":
             problem = prepare_run(fmt, target_path, dedicated)  # classpath, session extensions, target's format
             if problem:
                 _log.error(problem)
-                return 2
+                return ExitCode.USAGE
+        if stop.is_set():  # before anything started: no session, no JVM, nothing written
+            _log.info("stopped before the session started")
+            return ExitCode.OK
         try:
             lock = lock_target(target_path)
         except TargetLocked as exc:
             _log.error(str(exc))
-            return 2
+            return ExitCode.USAGE
         try:
-            return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets, progress)
+            return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop, dedicated)
         finally:
-            os.close(lock)  # releases the target's consumer lock
+            os.close(lock)  # releases the target's consumer lock; the local JVM writes no more: it has exited
     finally:
         if progress.phase != "failed":
             progress.phase = "stopped"
@@ -388,30 +415,53 @@ def run(
             server.close()
 
 
+def _end_jvm_now() -> None:
+    """A forced exit's step: the local JVM ended, so that nothing writes to the target once its lock is released."""
+    end_local_jvm(JVM_EXIT_S)
+
+
 def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, checkpoint: str | None,
-                buckets: int, progress: Progress) -> int:
+                buckets: int, progress: Progress, stop: threading.Event, dedicated: bool) -> int:
     spark = session(fmt)
+    code: int = ExitCode.FAILURE
+    try:
+        code = _apply(spark, landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop)
+        return code
+    finally:
+        if dedicated:  # the work is done: stopping the session and its JVM is bounded (``TEARDOWN_S``)
+            GUARD.decided(code)
+            try:
+                stop_local(spark, JVM_EXIT_S)
+            except Exception as exc:  # the JVM is gone already (it failed): the exit code stands
+                _log.warning("stopping the Spark session failed", error=str(exc).split("\n", 1)[0],
+                             error_type=type(exc).__name__)
+
+
+def _apply(spark: SparkSession, landing_path: Path, target_path: Path, once: bool, fmt: str,
+           checkpoint: str | None, buckets: int, progress: Progress, stop: threading.Event) -> int:
     _log.info("consumer starting", master=spark.sparkContext.master, landing=str(landing_path),
               target=str(target_path), format=fmt, once=once)
     progress.phase = "catching up"
     try:
-        consumer = Consumer(spark, landing_path, target_path, fmt, buckets, progress)
+        consumer = Consumer(spark, landing_path, target_path, fmt, buckets, progress, stop)
         consumer.apply_upto(max(landed_seqs(landing_path), default=0))
         if once:  # and what landed during that catch-up, as a stream would: no streaming query to start
             consumer.apply_upto(max(landed_seqs(landing_path), default=0))
     except ForeignZone as exc:  # the arguments point at a zone and a target that do not go together
         _log.error(str(exc))
-        return _failed(progress, str(exc), 2)
+        return _failed(progress, str(exc), ExitCode.USAGE)
     except MergeFailed as exc:  # logged with its table, batches and fix; the next run retries it
-        return _failed(progress, str(exc), 1)
+        return _failed(progress, str(exc), ExitCode.FAILURE)
     except Exception as exc:
         failure = describe(exc, landing_path, target_path, fmt, [])
         _log.error("consumer failed", error=failure.error, fix=failure.fix)
         _log.debug("consumer failed: trace", trace=failure.trace)
-        return _failed(progress, failure.error, 1)
-    if once:
+        return _failed(progress, failure.error, ExitCode.FAILURE)
+    if once or stop.is_set():
+        if stop.is_set():
+            progress.phase = "stopping"
         _done(consumer)
-        return 0
+        return ExitCode.OK
     return _stream(spark, consumer, landing_path, checkpoint or str(target_path / "checkpoint"))
 
 
@@ -423,11 +473,19 @@ def _failed(progress: Progress, reason: str, code: int) -> int:
 def _done(consumer: Consumer) -> None:
     rate = consumer.applied_events / consumer.applied_seconds if consumer.applied_seconds > 0 else 0.0
     _log.info("done", events=consumer.applied_events, merge_seconds=round(consumer.applied_seconds, 3),
-              events_per_s=round(rate, 1))
+              events_per_s=round(rate, 1), stopped=consumer.stop.is_set())
 
 
 def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: str) -> int:
-    """Apply new manifests as they appear, until SIGTERM/SIGINT; the exit code."""
+    """Apply new manifests as they appear, until a stop signal (``consumer.stop``); the exit code."""
+    stop = consumer.stop
+    if not GUARD.installed and threading.current_thread() is threading.main_thread():
+        # run in-process by other code: SIGTERM/SIGINT end the stream (``cdcd spark run`` has its guard)
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, on_signal)
     manifests = landing / MANIFESTS
     manifests.mkdir(exist_ok=True)
     stream = (
@@ -444,14 +502,6 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
     progress.tick()
     progress.phase = "following"
     _log.info("following the landing zone", landing=str(landing), checkpoint=checkpoint)
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
     try:
         while query.isActive:
             progress.tick()
@@ -466,17 +516,17 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
         found = describe(exc, landing, consumer.store.target, consumer.fmt, [])
         _log.error("streaming query failed", error=found.error, fix=found.fix)
         _log.debug("streaming query failed: trace", trace=found.trace)
-        return _failed(progress, found.error, 1)
+        return _failed(progress, found.error, ExitCode.FAILURE)
     if consumer.failed is not None:
-        return _failed(progress, str(consumer.failed), 1)
+        return _failed(progress, str(consumer.failed), ExitCode.FAILURE)
     ended = query.exception()
     if ended is not None and not consumer.stopping:
         found = describe(ended, landing, consumer.store.target, consumer.fmt, [])
         _log.error("streaming query failed", error=found.error, fix=found.fix)
         _log.debug("streaming query failed: trace", trace=found.trace)
-        return _failed(progress, found.error, 1)
+        return _failed(progress, found.error, ExitCode.FAILURE)
     _done(consumer)
-    return 0
+    return ExitCode.OK
 
 
 def configure(level: str, fmt: str) -> None:
@@ -487,9 +537,10 @@ def configure(level: str, fmt: str) -> None:
 
 def run_args(args: argparse.Namespace) -> int:
     """Run with the arguments of ``cdcd.spark.args`` (``cdcd spark run``, ``python -m cdcd.spark.consumer``)."""
+    GUARD.install()  # before the logging is configured: a stop signal from now on ends it with its exit code
     configure(args.log_level, args.log_format)
     return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True,
-               metrics_listen=args.metrics_listen)
+               metrics_listen=args.metrics_listen, stop_timeout=args.stop_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,21 +12,30 @@ traces at ``--log-level debug``) and the JVM's own output go through a pipe into
 PySpark's Python loggers are quiet below ERROR, and ``spark.sql.warehouse.dir`` is a temporary directory
 removed at exit (the job's tables are paths or in its own Iceberg catalog: nothing is written there), so no
 ``spark-warehouse/`` appears in the working directory.
+
+The local JVM ignores SIGTERM and SIGINT (``_start_jvm``): a stop signal sent to the whole process group or
+control group (a shell's ^C, systemd's ``KillMode=control-group``, ``kill -- -PGID``) must not end it under a
+merge the consumer is finishing; the consumer hears the signal (``cdcd.spark.stopping``) and ends the JVM in
+order (``end_local_jvm``). The JVM still exits when the consumer's process is gone, however it ended: it exits
+when its stdin closes (PySpark's gateway).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from pyspark import SparkConf, SparkContext
+from pyspark import SparkConf, SparkContext, java_gateway
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
@@ -168,6 +177,72 @@ def warehouse_dir() -> str:
     return _files["warehouse"]
 
 
+def _ignore_stop_signals(then: Callable[[], Any] | None) -> Callable[[], None]:
+    """A ``preexec_fn``: ``then`` (PySpark's own, which ignores SIGINT), and SIGTERM and SIGINT ignored in the
+    child. Ignored signals stay ignored across exec, through spark-submit's shell scripts into the JVM, which
+    does not install its shutdown handlers for a signal ignored at its start."""
+
+    def preexec() -> None:
+        if then is not None:
+            then()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    return preexec
+
+
+@contextlib.contextmanager
+def _jvm_ignoring_stop_signals() -> Iterator[None]:
+    """PySpark's ``launch_gateway`` starts the JVM with its own ``preexec_fn`` (it overrides one given in
+    ``popen_kwargs``): for the call, its ``Popen`` adds ``_ignore_stop_signals`` to it."""
+    original = java_gateway.Popen  # type: ignore[attr-defined]
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs["preexec_fn"] = _ignore_stop_signals(kwargs.get("preexec_fn"))
+        return original(*args, **kwargs)
+
+    java_gateway.Popen = popen  # type: ignore[attr-defined,assignment]
+    try:
+        yield
+    finally:
+        java_gateway.Popen = original  # type: ignore[attr-defined]
+
+
+def local_jvm() -> subprocess.Popen[bytes] | None:
+    """The local session's JVM process, when this process started it (not under spark-submit)."""
+    proc = getattr(SparkContext._gateway, "proc", None)
+    return proc if isinstance(proc, subprocess.Popen) else None
+
+
+def end_local_jvm(wait_s: float) -> int | None:
+    """End the JVM this process started: its stdin closed (the gateway exits, running Spark's shutdown hooks),
+    at most ``wait_s`` to exit, then SIGKILL. Its exit status (None: there was none of ours)."""
+    proc = local_jvm()
+    if proc is None:
+        return None
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):  # closed already, or the JVM is gone (a broken pipe)
+            proc.stdin.close()
+    try:
+        return proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        _log.warning("the Spark JVM did not exit in time after its stdin closed: killed", pid=proc.pid,
+                     waited_s=wait_s)
+        proc.kill()
+        return proc.wait(wait_s)
+
+
+def stop_local(spark: SparkSession, wait_s: float) -> None:
+    """Stop the session and end its local JVM (``end_local_jvm``); under spark-submit, the session only.
+
+    py4j's gateway is left as it is: closing its connections while its callback server's thread reads one of
+    them (``foreachBatch``) blocks on that reader."""
+    try:
+        spark.stop()
+    finally:
+        end_local_jvm(wait_s)
+
+
 def _start_jvm(settings: dict[str, str]) -> None:
     """Start the local session's JVM with its output piped into cdcd's log (``_pump``), unless one runs."""
     if SparkContext._gateway is not None:
@@ -182,7 +257,8 @@ def _start_jvm(settings: dict[str, str]) -> None:
         conf.set("spark.driver.extraJavaOptions",
                  f"{settings.get('spark.driver.extraJavaOptions', '')} -Dlog4j2.configurationFile={path}".strip())
         piped = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
-        gateway = launch_gateway(conf, popen_kwargs=piped)  # type: ignore[no-untyped-call]
+        with _jvm_ignoring_stop_signals():
+            gateway = launch_gateway(conf, popen_kwargs=piped)  # type: ignore[no-untyped-call]
         proc = getattr(gateway, "proc", None)
         if proc is not None and proc.stdout is not None:
             threading.Thread(target=_pump, args=(proc.stdout,), name="cdcd-spark-jvm-log", daemon=True).start()
