@@ -367,7 +367,7 @@ def run(
     ``metrics_listen``: (host, port) of /metrics and /healthz (``cdcd.spark.metrics``)."""
     if dedicated and GUARD.install():
         GUARD.limit_s = stop_timeout
-        GUARD.on_force(lambda: _end_jvm_now())
+        GUARD.on_force(_end_jvm_now)
     stop = GUARD.requested if GUARD.installed else threading.Event()
     if not structlog.is_configured():  # run in-process by other code (tests, the CDS training): log to stderr
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
