@@ -4,9 +4,11 @@ Each test gets a database of its own (``pg_db`` / ``maria_db``) so tests do
 not see each other's tables.
 
 Under ``scripts/test.sh`` (pytest-xdist ``--dist loadfile --no-loadscope-reorder``) a test file
-runs on one worker, so its module-scoped fixtures (a Spark session, a TLS server) start once; the
+runs on one worker, so its module-scoped fixtures (a TLS server) start once; the
 files in ``SPREAD`` (long, and their tests independent) are handed out test by test instead. Work goes
 out slowest first (``SLOWEST_FIRST``), so no worker is left with a long tail (docs/testing.md).
+Each worker starts one local Spark session, at the first test that asks for ``spark``, and its Spark
+tests share it (``tests/support/spark.py``); so the Spark integration files can be in ``SPREAD``.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from cdcd.devservers import MariaDBServer, PostgresServer
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from support.spark import SharedSession
 
 _names = itertools.count(1)
 
@@ -29,15 +35,19 @@ SPREAD = frozenset({
     "test_faults_network.py", "test_faults_disk.py", "test_mysql_identity.py", "test_postgres_identity.py",
     "test_daemon_lifecycle.py", "test_mysql_crash.py", "test_postgres_crash.py", "test_pg_types_exact.py",
     "test_mysql_types_exact.py", "test_incremental_snapshot.py", "test_operator_snapshot.py",
+    # the Spark integration files: their tests share the worker's session (tests/support/spark.py)
+    "test_spark_formats.py", "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_covered.py",
+    "test_spark_lakehouse.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_snapshot_generations.py",
 })
 #: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
 #: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
 #: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
 SLOWEST_FIRST = (
-    "test_soak.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_demo.py", "test_spark_formats.py",
+    "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_kill.py",
     "test_spark_stop.py",
-    "test_spark_kill.py", "test_incremental_snapshot.py", "test_spark_cds.py", "test_spark_types_large.py",
-    "test_spark_mariadb.py", "test_landing_consumed.py", "test_snapshot_generations.py", "test_spark_consumer.py",
+    "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_formats.py", "test_spark_covered.py",
+    "test_incremental_snapshot.py", "test_spark_cds.py", "test_spark_types_large.py",
+    "test_spark_mariadb.py", "test_landing_consumed.py", "test_snapshot_generations.py",
     "test_faults_network.py", "test_faults_disk.py", "test_operator_snapshot.py", "test_postgres_inprogress_crash.py",
     "test_mysql_identity.py", "test_postgres_identity.py", "test_bench_smoke.py", "test_spark_lakehouse.py",
     "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
@@ -104,3 +114,22 @@ def pg_db(pg_server: PostgresServer) -> Iterator[str]:
 def maria_db(maria_server: MariaDBServer) -> str:
     """A fresh, empty MariaDB database for one test."""
     return maria_server.create_database(f"t{next(_names)}")
+
+
+@pytest.fixture(scope="session")
+def spark_worker() -> Iterator[SharedSession]:
+    """This worker's shared local Spark session (tests/support/spark.py), started by the first test that asks."""
+    from support.spark import SharedSession
+
+    shared = SharedSession()
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+@pytest.fixture
+def spark(spark_worker: SharedSession) -> Iterator[SparkSession]:
+    """The worker's local Spark session, warm after the first test; put back as it was started after each test."""
+    yield spark_worker.get()
+    spark_worker.reset()

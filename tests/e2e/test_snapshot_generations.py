@@ -20,15 +20,6 @@ from cdcd.verify import verify
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from cdcd.spark.session import session
-
-    s = session()
-    yield s
-    s.stop()
-
-
 class Setup(DaemonHarness):
     def __init__(self, tmp: Path, server: PostgresServer, db: str) -> None:
         super().__init__(tmp)

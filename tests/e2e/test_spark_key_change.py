@@ -1,8 +1,7 @@
 """End to end on PostgreSQL, for each target format: a key change whose TOASTed column is unchanged, the old
 row's last update and the key change in different batches, and a key shift inside one statement.
 
-Split from test_spark_pipeline.py (its helpers and its module-scoped Spark session fixture) so that
-the two files run on different test workers.
+Split from test_spark_pipeline.py (its helpers); the worker's shared Spark session (tests/support/spark.py).
 """
 
 from __future__ import annotations
@@ -11,13 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import test_spark_pipeline
 from test_spark_pipeline import BIG, FORMATS, config, load_config, rows, start, verify, wait_landed
 
 from cdcd.devservers import PostgresServer
 
 pytestmark = pytest.mark.spark
-spark = test_spark_pipeline.spark  # the module-scoped local Spark session fixture
 
 
 def wait_all_landed(pg: PostgresServer, db: str, landing: Path, proc: subprocess.Popen[bytes], marker: int) -> None:

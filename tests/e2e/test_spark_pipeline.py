@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,6 @@ from cdcd.verify.mirror import read_table
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 FORMATS = ["delta", "iceberg", "parquet"]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from cdcd.spark.session import session
-
-    s = session()
-    yield s
-    s.stop()
 
 
 def config(tmp_path: Path, pg: PostgresServer, db: str) -> Path:

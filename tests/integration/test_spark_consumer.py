@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -33,15 +32,6 @@ V1 = TableSchema(T, COLS, ("id",), version=1)
 V2 = TableSchema(T, (*COLS, Column("note", pa.string(), "text")), ("id",), version=2)
 LOG = TableSchema(TableId("public", "log"), (Column("k", pa.int32(), "int"), Column("v", pa.string(), "text")), ("k",))
 TS = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from cdcd.spark.session import session
-
-    s = session()
-    yield s
-    s.stop()
 
 
 def row(i: int, **over: object) -> dict[str, object]:

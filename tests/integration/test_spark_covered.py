@@ -11,7 +11,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-import test_spark_consumer
 from test_spark_consumer import FORMATS, LOG, T, ev, mirror, row, rows_of
 
 from cdcd.events import Item, Mark, MarkKind, Op, TableId
@@ -20,7 +19,6 @@ from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
 
 pytestmark = pytest.mark.spark
-spark = test_spark_consumer.spark  # the module-scoped local Spark session fixture
 
 BELOW = PgPosition(300, 0)  # the re-snapshot's first low watermark
 

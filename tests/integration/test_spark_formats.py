@@ -18,7 +18,6 @@ from test_spark_consumer import FORMATS, V2, ev, land, mirror, row, rows_of
 from cdcd.events import ChangeEvent, Op
 
 pytestmark = pytest.mark.spark
-spark = test_spark_consumer.spark  # the module-scoped local Spark session fixture
 
 TABLE = "public.orders"
 

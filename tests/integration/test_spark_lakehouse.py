@@ -39,7 +39,6 @@ from cdcd.spark.collapse import Prepared, conformed, prepare, release
 from cdcd.spark.lakehouse import Names, check_target, schema_changes, statements
 
 pytestmark = pytest.mark.spark
-spark = test_spark_consumer.spark  # the module-scoped local Spark session fixture
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 ORDERS = ("public", "orders")

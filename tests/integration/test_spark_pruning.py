@@ -23,13 +23,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import test_spark_consumer
 from test_spark_consumer import ev, land
 
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
 
 pytestmark = pytest.mark.spark
-spark = test_spark_consumer.spark  # the module-scoped local Spark session fixture
 
 ITEMS = TableSchema(TableId("public", "items"),
                     (Column("id", pa.int64(), "bigint", nullable=False), Column("v", pa.string(), "text")), ("id",))

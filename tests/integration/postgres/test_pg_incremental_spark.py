@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -23,15 +23,6 @@ from cdcd.verify import verify
 from cdcd.verify.mirror import read_table
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from cdcd.spark.session import session
-
-    s = session()
-    yield s
-    s.stop()
 
 
 async def land(path: Path, items: list[Item], per_batch: int = 200) -> None:

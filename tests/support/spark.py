@@ -1,0 +1,75 @@
+"""One local Spark session per pytest worker, shared by the Spark tests that run the consumer in-process.
+
+Starting a session costs about 10 s of CPU (the JVM, Spark's and Delta Lake's / Iceberg's classes); the
+first test of a worker that asks for the ``spark`` fixture (tests/conftest.py) pays it, the later ones find
+the session warm. The session is the one the consumer builds for itself when it runs locally
+(``cdcd.spark.session.session()``: ``local[2]``, the cached Delta Lake and Iceberg jars and both formats'
+extensions), so ``cdcd.spark.job.run`` inside a test finds it active and uses it. A test that needs another
+session configuration (a JVM flag, other jars, one format's extension alone) starts its own process, as
+``cdcd spark run`` does.
+
+After each test the session is put back as it was started (``SharedSession.reset``): the settings a test
+or the consumer set (an Iceberg catalog on the test's target, a commit property) are unset or restored,
+the catalogs forgotten, temporary views dropped, cached data released. A table a test left in the
+session's own catalog fails that test: it would be in the next test's way.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+
+def _stopped(spark: SparkSession) -> bool:
+    return spark.sparkContext._jsc is None  # SparkContext.stop() drops it
+
+
+class SharedSession:
+    """The worker's local session: started at the first ``get``, again if a test stopped it."""
+
+    def __init__(self) -> None:
+        self._spark: SparkSession | None = None
+        self._settings: dict[str, str] = {}
+
+    def get(self) -> SparkSession:
+        if self._spark is None or _stopped(self._spark):
+            from cdcd.spark.session import session
+
+            self._spark = session()
+            self._settings = dict(self._spark.conf.getAll)
+        return self._spark
+
+    def reset(self) -> None:
+        """Put the session back as it was started; raises when the test left a table in its catalog."""
+        spark = self._spark
+        if spark is None or _stopped(spark):
+            return
+        now = dict(spark.conf.getAll)
+        for k in now.keys() - self._settings.keys():
+            spark.conf.unset(k)
+        for k, v in self._settings.items():
+            if now.get(k) != v:
+                spark.conf.set(k, v)
+        state = spark._jsparkSession.sessionState()
+        state.catalogManager().reset()  # current catalog and namespace, the catalogs' instances
+        # the session catalog itself (not pyspark's Catalog.listTables: it looks up every table, a second a call)
+        found = state.catalog().listTables("default")  # tables and temporary views, as TableIdentifiers
+        names = [(found.apply(i).database().isDefined(), found.apply(i).table()) for i in range(found.size())]
+        for in_database, name in names:
+            if not in_database:
+                spark.catalog.dropTempView(name)
+        spark.catalog.clearCache()
+        jsc = spark.sparkContext._jsc
+        assert jsc is not None
+        for rdd in list(jsc.getPersistentRDDs().values()):  # localCheckpoint()s a test did not release
+            rdd.unpersist(False)
+        left = [name for in_database, name in names if in_database]
+        for name in left:
+            spark.sql(f"DROP TABLE IF EXISTS default.`{name}`")
+        if left:
+            raise AssertionError(f"the test left tables {left} in the shared Spark session's catalog (database "
+                                 f"default; dropped now): drop them at the end of the test (tests/support/spark.py)")
+
+    def stop(self) -> None:
+        if self._spark is not None and not _stopped(self._spark):
+            self._spark.stop()
+        self._spark = None
