@@ -16,6 +16,7 @@ import test_spark_consumer
 from test_spark_consumer import FORMATS, V2, ev, land, mirror, row, rows_of
 
 from cdcd.events import ChangeEvent, Op
+from cdcd.spark.job import MergeFailed
 
 pytestmark = pytest.mark.spark
 
@@ -231,7 +232,8 @@ async def test_the_record_of_applied_batches_follows_the_consumers_commits_and_a
     await land(landing, [[ev(Op.CREATE, 300, 1, after=row(5, amount=Decimal("5.00"), big=big(5)))]], [3])
     with monkeypatch.context() as m:
         m.setattr(lakehouse, "_apply_mirror", failing)
-        with pytest.raises(RuntimeError, match="mirror's statement"):
+        # the consumer names the batches and the table of a failed merge (cdcd.spark.job.MergeFailed)
+        with pytest.raises(MergeFailed, match=r"batches 3\.\.3 of public\.orders: the mirror's statement failed"):
             consumer.apply_upto(3)
     consumer.apply_upto(3)  # the retry in the same process
     assert sorted(reads) == [("changelog", "changelog"), ("tables", "mirror")]
