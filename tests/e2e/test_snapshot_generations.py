@@ -94,6 +94,7 @@ def test_when_needed_resnapshot_supersedes_the_consumed_generation(spark: object
 def test_consumer_refuses_a_recreated_landing_zone(spark: object, setup: Setup, capsys: Any) -> None:
     import shutil
 
+    from cdcd.logging import configure_logging
     from cdcd.spark.job import run
 
     s = setup
@@ -105,6 +106,8 @@ def test_consumer_refuses_a_recreated_landing_zone(spark: object, setup: Setup, 
     s.server.psql(f"SELECT pg_drop_replication_slot('s_{s.db}')", s.db)
     s.server.psql("DELETE FROM t WHERE id = 5; INSERT INTO t VALUES (2000, 0)", s.db)
     s.run_until_landed(1001)
+    # as `cdcd spark run` sets it up (an earlier in-process test of this worker may have set up another stream)
+    configure_logging("info", "json", stream="stderr")
     assert run(str(s.landing), str(s.target), once=True) == 2
     assert "does not belong" in capsys.readouterr().err
     # nothing of the new zone was marked consumed: it stays for a fresh target
