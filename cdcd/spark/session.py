@@ -58,7 +58,7 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-#: JVM flags of a local session (``CDCD_SPARK_JAVA_OPTIONS`` replaces them; docs/spark.md, performance).
+#: JVM flags of a local session (``CDCD_SPARK_JAVA_OPTIONS`` replaces them; docs/spark-internals.md, performance).
 #: C1 only: a merge runs a wide variety of code (planning, Delta's log, code generated per statement) a few
 #: times, and the C2 compiler spent more CPU compiling it than its code saved (a third of the JVM's CPU in a
 #: one-shot run of a million events). The parallel collector: less CPU than G1 on two cores.
