@@ -22,11 +22,12 @@ while :; do
     kill -0 "$child" 2>/dev/null || break
 done
 if [ "$rc" -eq 9 ]; then
-    echo "cdcd-entrypoint: cdcd exited 9, the source position is lost; not restarting it (a restart could resume" \
-        "from the wrong place). Recover as docs/operations.md (Faults) says, then start the container again." >&2
+    # the traps first: a stop that comes right after the message below must end the container
     sleeper=""
     trap 'kill $sleeper 2>/dev/null; exit 9' TERM INT QUIT
     trap '' HUP
+    echo "cdcd-entrypoint: cdcd exited 9, the source position is lost; not restarting it (a restart could resume" \
+        "from the wrong place). Recover as docs/operations.md (Faults) says, then start the container again." >&2
     while :; do
         sleep 3600 &
         sleeper=$!
