@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from cdcd.logging import configure_logging
 from cdcd.spark.job import run
 from cdcd.spark.state import CONSUMER_LOCK, STATE_DIR, TargetLocked, lock_target
 
@@ -26,6 +27,8 @@ def test_a_second_consumer_on_a_target_in_use_is_refused_naming_the_first(tmp_pa
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(target)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        # logging as `cdcd spark run` sets it up (an earlier in-process test of this worker may have set up another)
+        configure_logging("info", "json", stream="stderr")
         assert run(str(landing), str(target), once=True, fmt="parquet") == 2
         err = capsys.readouterr().err
         assert f"pid {holder.pid}" in err and "one consumer per target" in err
