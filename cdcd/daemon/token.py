@@ -4,7 +4,9 @@
 The token comes from ``http.token_file`` when that is set (a secret the operator manages), else the
 daemon makes a new random one at every start and writes it to ``<state.path>/http-token``, readable by
 the daemon's user only: whoever may read the daemon's state directory may ask it to act, as with a unix
-socket's file permissions. ``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` need no token.
+socket's file permissions. When the state volume cannot take the new token (full, read-only), the daemon
+keeps the one its previous start wrote, so a full disk is reported by the checkpoint's health, as every
+other save failure, rather than refusing the start. ``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` need no token.
 The token never appears in a log line, an error or ``/status``.
 """
 
@@ -15,11 +17,15 @@ import os
 import secrets
 from pathlib import Path
 
+import structlog
+
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, ConfigError
 from cdcd.fsutil import storage_fix
 
 STATE_TOKEN = "http-token"
+
+_log = structlog.get_logger("cdcd.daemon")
 
 
 def _state_token_path(config: Config) -> Path:
@@ -52,9 +58,24 @@ def daemon_token(config: Config) -> str:
             os.close(fd)
         os.replace(temp, path)
     except OSError as exc:
-        raise CheckpointError(f"state directory {path.parent}: cannot write the control token {path}: "
-                              f"{exc.strerror or exc}; {storage_fix(exc)}") from exc
+        temp.unlink(missing_ok=True)
+        problem = f"cannot write the control token {path}: {exc.strerror or exc}; {storage_fix(exc)}"
+        previous = _previous_token(path)
+        if previous is None:
+            raise CheckpointError(f"state directory {path.parent}: {problem}") from exc
+        _log.warning("control token kept from the previous start", path=str(path), problem=problem)
+        return previous
     return token
+
+
+def _previous_token(path: Path) -> str | None:
+    """The token an earlier start wrote, if it is still there, non-empty and private to the daemon's user."""
+    try:
+        if path.stat().st_mode & 0o077:
+            return None
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def client_token(config: Config) -> str:
