@@ -79,6 +79,24 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float, step: flo
     raise SoakError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def wait_with_progress(what: str, predicate: Callable[[], bool], progress: Callable[[], object], stall: float,
+                       cap: float, step: float = 2.0) -> None:
+    """Wait for ``predicate`` while ``progress()`` keeps changing: fail when it stands still for ``stall``
+    seconds, or after ``cap`` seconds in all (a long soak's backlog takes longer than a short one's)."""
+    start = last_change = time.monotonic()
+    seen = progress()
+    while not predicate():
+        now = time.monotonic()
+        if now - start > cap:
+            raise SoakError(f"timed out after {cap:g} s waiting for {what} (last progress: {seen!r})")
+        if now - last_change > stall:
+            raise SoakError(f"no progress for {stall:g} s waiting for {what} (stuck at {seen!r})")
+        time.sleep(step)
+        current = progress()
+        if current != seen:
+            seen, last_change = current, time.monotonic()
+
+
 # ------------------------------------------------------------------ the sources
 
 
@@ -460,12 +478,16 @@ class Soak:
     minutes: float
     fmt: str
     work: Path
+    fault_pause: float = 11.5  # mean seconds between fault rounds (drawn from 0.25x..1.75x)
     faults: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)  # unexpected exits, hangs, refusals: printed in the summary
     captured: list[str] = field(default_factory=lambda: list(BASE_TABLES))
     disk_mounted: bool = False
     disk_free_at: float | None = None
     pending: list[tuple[float, str, Callable[[], None]]] = field(default_factory=list)
+    # the newest consumed batch when the consumer was last faulted: the next consumer fault waits until a
+    # merge has been applied since, so a consumer killed faster than it merges still moves forward
+    consumer_fault_mark: int = -1
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -546,6 +568,9 @@ class Soak:
 
     # ---- faults
 
+    def pause(self) -> float:
+        return self.rng.uniform(0.25 * self.fault_pause, 1.75 * self.fault_pause)
+
     def later(self, delay: float, what: str, action: Callable[[], None]) -> None:
         self.pending.append((time.monotonic() + delay, what, action))
 
@@ -559,6 +584,11 @@ class Soak:
             p = self.daemon if kind.startswith("daemon") else self.consumer
             if not p.running():
                 return None
+            if p is self.consumer:
+                applied = max(consumed_seqs(self.landing), default=0)
+                if applied <= self.consumer_fault_mark:
+                    return None
+                self.consumer_fault_mark = applied
             if kind.endswith("kill"):
                 p.stop(signal.SIGKILL, 30)
                 self.restart_later(p)
@@ -656,7 +686,7 @@ class Soak:
             say(f"{self.source.kind}: daemon, consumer and workload running; faults for {self.minutes:g} min "
                 f"(seed {self.seed}, work {self.work})")
             end = time.monotonic() + self.minutes * 60
-            next_round = time.monotonic() + self.rng.uniform(5, 20)
+            next_round = time.monotonic() + self.pause()
             while time.monotonic() < end:
                 self.supervise()
                 if time.monotonic() >= next_round:
@@ -667,7 +697,7 @@ class Soak:
                             self.faults[kind] += 1
                             say(f"{self.source.kind} {self.elapsed()}: {done}")
                         time.sleep(self.rng.uniform(0, 2))
-                    next_round = time.monotonic() + self.rng.uniform(3, 20)
+                    next_round = time.monotonic() + self.pause()
                 time.sleep(0.2)
             return self.finish()
         finally:
@@ -733,7 +763,8 @@ class Soak:
             done = set(consumed_seqs(self.landing))
             return all(s in done for s in landed_seqs(self.landing))
 
-        wait_for("the consumer to apply every landed batch", consumed, 900, step=2.0)
+        wait_with_progress("the consumer to apply every landed batch", consumed,
+                           lambda: len(consumed_seqs(self.landing)), stall=900, cap=max(900.0, self.minutes * 90))
         newest = max(landed_seqs(self.landing), default=0)
         wait_for("the consumer's metrics to show the newest landed batch applied, no lag",
                  lambda: self.consumer_metrics().get("cdcd_spark_applied_batch_seq") == newest
@@ -793,11 +824,11 @@ class Soak:
             first.get(k) == second.get(k) for k in keys)
 
 
-def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool) -> bool:
+def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool, fault_pause: float) -> bool:
     work = Path(tempfile.mkdtemp(prefix=f"cdcd-soak-{kind}-"))
     os.chmod(work, 0o755)
     source: Source = PgSource() if kind == "postgres" else MariaSource()
-    soak = Soak(source, seed, minutes, fmt, work)
+    soak = Soak(source, seed, minutes, fmt, work, fault_pause)
     ok, line = False, f"soak {kind}: seed {seed}: failed before the end"
     interrupted: BaseException | None = None
     try:
@@ -825,7 +856,8 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool) -> bool
         print(f"soak {kind}: work directory kept: {work} (daemon log {work / 'daemon.log'}, "
               f"consumer log {work / 'consumer.log'}, verify {work / 'verify.txt'}, replay {work / 'replay.txt'}, "
               f"landing zone {landing}); "
-              f"again: scripts/soak.sh --source {kind} --seed {seed} --minutes {minutes:g} --format {fmt}",
+              f"again: scripts/soak.sh --source {kind} --seed {seed} --minutes {minutes:g} --format {fmt} "
+              f"--fault-pause {fault_pause:g}",
               flush=True)
     if interrupted is not None:
         raise interrupted
@@ -840,6 +872,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the scheduler's seed (default: random, printed)")
     parser.add_argument("--format", choices=["delta", "iceberg", "parquet"], default="parquet",
                         help="the consumer's target format (default parquet)")
+    parser.add_argument("--fault-pause", type=float, default=11.5, metavar="S",
+                        help="mean seconds between fault rounds, each drawn from 0.25 to 1.75 times it (default 11.5: "
+                        "3-20 s); a long soak takes a longer pause so the consumer's merges keep up")
     parser.add_argument("--keep", action="store_true", help="keep the work directory after a passing run too")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
@@ -849,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     kinds = ["postgres", "mariadb"] if args.source == "both" else [args.source]
-    results = [soak_one(k, seed, args.minutes, args.format, args.keep) for k in kinds]
+    results = [soak_one(k, seed, args.minutes, args.format, args.keep, args.fault_pause) for k in kinds]
     return 0 if all(results) else 1
 
 
