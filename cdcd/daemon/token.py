@@ -6,7 +6,8 @@ daemon makes a new random one at every start and writes it to ``<state.path>/htt
 the daemon's user only: whoever may read the daemon's state directory may ask it to act, as with a unix
 socket's file permissions. When the state volume cannot take the new token (full, read-only), the daemon
 keeps the one its previous start wrote, so a full disk is reported by the checkpoint's health, as every
-other save failure, rather than refusing the start. ``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` need no token.
+other save failure, rather than refusing the start.
+``/metrics``, ``/healthz``, ``/readyz`` and ``/status`` need no token.
 The token never appears in a log line, an error or ``/status``.
 """
 
