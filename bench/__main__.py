@@ -21,7 +21,7 @@ import psutil
 
 from bench import inprogress, peers, scenarios
 from bench.report import write_report
-from cdcd.devservers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from bench import workloads
 from bench.harness import Daemon, write_config
-from cdcd.devservers import PostgresServer
 from cdcd.sources.postgres.inprogress import SPOOL_DIR, SUFFIX
+from devtools.servers import PostgresServer
 
 Row = dict[str, Any]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import workloads
-from cdcd.devservers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 Row = dict[str, Any]
 S = TypeVar("S")

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 
 from bench import workloads
 from bench.harness import VENV_BIN, Daemon, Timed, run_daemon_until, run_timed, write_config
-from cdcd.devservers import MariaDBServer, PostgresServer, _binary, _pg_bindir
 from cdcd.landing import layout
+from devtools.servers import MariaDBServer, PostgresServer, binary, pg_bindir
 
 Row = dict[str, Any]
 
@@ -56,7 +56,7 @@ def pg_stream(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row
                                ("wide", sizes["stream_wide"], workloads.pg_insert_wide)):
         fill(pg, db, 1, count, 1000)
         end = pg.psql("SELECT pg_current_wal_lsn()", db)
-        base = run_timed([str(_pg_bindir() / "pg_recvlogical"), "--start", "--no-loop", "-S", "raw", "-P", "pgoutput",
+        base = run_timed([str(pg_bindir() / "pg_recvlogical"), "--start", "--no-loop", "-S", "raw", "-P", "pgoutput",
                           "-o", "proto_version=1", "-o", "publication_names=cdcd", "-E", end, "-f", "/dev/null",
                           "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", db], count)
         tables = ["public.narrow", "public.wide"]
@@ -78,7 +78,7 @@ def pg_snapshot(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[R
     pg.psql("VACUUM ANALYZE", db)
     rows = []
     for table, count in (("narrow", sizes["pg_snapshot"]), ("wide", sizes["snapshot_wide"])):
-        base = run_timed([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+        base = run_timed([str(pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
                           "postgres", "-d", db, "-c", f"COPY {table} TO STDOUT (FORMAT binary)", "-o", "/dev/null"],
                          count)
         run_dir = work / table
@@ -171,7 +171,7 @@ def maria_stream(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[Ro
         finally:
             daemon.stop()
         bare = _bare_pymysqlreplication(m, start, table, count)
-        c_tool = run_timed([_binary("mariadb-binlog"), "--read-from-remote-server", "-h", "127.0.0.1", "-P",
+        c_tool = run_timed([binary("mariadb-binlog"), "--read-from-remote-server", "-h", "127.0.0.1", "-P",
                             str(m.port), "-u", "root", f"--start-position={start[1]}", f"--stop-position={end[1]}",
                             "--verbose", start[0]], count)
         rows.append(_pair(f"MariaDB streaming, {table} table", "rows/s", ours, bare, "bare pymysqlreplication loop",
@@ -228,7 +228,7 @@ def maria_small_tx(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[
 
 def _maria_steady_writer(m: MariaDBServer, db: str, rate: int, per_tx: int, seconds: float, first_id: int) -> int:
     """``_paced_inserts`` through one mariadb client: autocommitted statements of ``per_tx`` rows."""
-    client = [_binary("mariadb"), "-u", "root", "-h", "127.0.0.1", "-P", str(m.port), f"--database={db}"]
+    client = [binary("mariadb"), "-u", "root", "-h", "127.0.0.1", "-P", str(m.port), f"--database={db}"]
     return _paced_inserts(client, lambda lo, hi: "INSERT INTO narrow (id, a, b) VALUES "
                           + ",".join(f"({k},1,'x')" for k in range(lo, hi + 1)) + ";",
                           rate, per_tx, seconds, first_id, "the small-transaction writer's mariadb client")
@@ -243,7 +243,7 @@ def maria_snapshot(m: MariaDBServer, work: Path, sizes: dict[str, int]) -> list[
     workloads.maria_insert_wide(m, db, 1, sizes["snapshot_wide"], 50_000)
     rows = []
     for table, count in (("narrow", sizes["snapshot"]), ("wide", sizes["snapshot_wide"])):
-        base = run_timed(["sh", "-c", f"{_binary('mariadb')} --quick -h 127.0.0.1 -P {m.port} -u root -D {db} "
+        base = run_timed(["sh", "-c", f"{binary('mariadb')} --quick -h 127.0.0.1 -P {m.port} -u root -D {db} "
                           f"-e 'SELECT * FROM {table}' > /dev/null"], count)
         run_dir = work / table
         run_dir.mkdir()
@@ -383,7 +383,7 @@ def _pct(values: list[float], q: float) -> float:
 def _steady_writer(pg: PostgresServer, db: str, rate: int, per_tx: int, seconds: float,
                    first_id: int = 10_000_000) -> int:
     """``_paced_inserts`` through one psql session: transactions of ``per_tx`` rows."""
-    psql = [str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", db]
+    psql = [str(pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", db]
     return _paced_inserts(psql, lambda lo, hi: "INSERT INTO narrow (id, a, b) SELECT g, 1, 'x' FROM "
                           f"generate_series({lo},{hi}) g;", rate, per_tx, seconds, first_id,
                           "the latency writer's psql")
@@ -639,7 +639,7 @@ def spark_small(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[R
 
 
 def _free_port() -> int:
-    from cdcd.devservers import free_port
+    from devtools.servers import free_port
 
     return free_port()
 
@@ -678,7 +678,7 @@ def _wait_checkpoint(daemon: Daemon, timeout: float = 60) -> None:
 def _writer(pg: PostgresServer, db: str, start: int, rate: int, stop: threading.Event, seconds: float) -> int:
     """Insert into ``stream`` at ``rate`` rows/s (100-row transactions, one psql session) until ``stop`` is set or
     ``seconds`` passed; the rows written."""
-    psql = subprocess.Popen([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
+    psql = subprocess.Popen([str(pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port), "-U",
                              "postgres", "-d", db], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     assert psql.stdin is not None
     per_tx = 100

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdcd.devservers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 PG_NARROW = """
 CREATE TABLE IF NOT EXISTS public.narrow (

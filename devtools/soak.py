@@ -2,7 +2,7 @@
 seeded scheduler injects faults at random moments and in random combinations (run by scripts/soak.sh).
 
 Per source (PostgreSQL, MariaDB or both, one after the other) it starts a throwaway server
-(``cdcd.devservers``), a fault proxy in front of it (``tests/faultproxy.py``), `cdcd run` and
+(``devtools.servers``), a fault proxy in front of it (``tests/faultproxy.py``), `cdcd run` and
 `cdcd spark run` (following, without ``--once``) as real processes, a workload thread (inserts,
 updates, deletes, primary-key changes, large values, multi-table transactions, rollbacks) and the
 fault scheduler. At the end it stops the workload, lets everything catch up (bounded waits), stops
@@ -39,12 +39,12 @@ from types import FrameType
 from typing import Any
 
 from cdcd.config import load_config
-from cdcd.devservers import MariaDBServer, PostgresServer, _binary, _service_user, _wait_port, free_port
 from cdcd.landing.manifest import covered_records
 from cdcd.landing.reader import consumed_seqs, landed_seqs, read_batch, read_manifest
 from cdcd.verify.compare import compare
 from cdcd.verify.report import report
 from cdcd.verify.source import read_source
+from devtools.servers import MariaDBServer, PostgresServer, binary, free_port, service_user, wait_port
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -270,12 +270,12 @@ class MariaSource(Source):
         proc.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
         proc.wait(120)
         time.sleep(rng.uniform(0, 5))
-        owner = _service_user()
+        owner = service_user()
         self.server.proc = subprocess.Popen(
-            [_binary("mariadbd"), f"--defaults-file={self.server.root / 'my.cnf'}",
+            [binary("mariadbd"), f"--defaults-file={self.server.root / 'my.cnf'}",
              *([f"--user={owner}"] if owner else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        _wait_port(self.server.port, self.server.proc, self.server.root / "server.log", timeout=120)
+        wait_port(self.server.port, self.server.proc, self.server.root / "server.log", timeout=120)
         return "crash" if crash else "clean"
 
     def connect(self) -> Conn:

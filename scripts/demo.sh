@@ -8,4 +8,4 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m cdcd.daemon.demo "$@"
+exec "$ROOT/.venv/bin/python" -m devtools.demo "$@"

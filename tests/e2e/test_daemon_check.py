@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cdcd.devservers import PostgresServer
+from devtools.servers import PostgresServer
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 
@@ -64,7 +64,7 @@ def test_check_passes_on_a_ready_server(pg_server: PostgresServer, pg_db: str, t
 
 
 def test_check_reports_an_unreachable_server(tmp_path: Path) -> None:
-    from cdcd.devservers import free_port
+    from devtools.servers import free_port
 
     proc = subprocess.run([CDCD, "check", "-c", str(_config(tmp_path, free_port(), "app"))],
                           capture_output=True, text=True, timeout=120)

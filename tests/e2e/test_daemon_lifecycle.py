@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.daemon.exitcodes import ExitCode
-from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import mark_consumed, read_batches
+from devtools.servers import PostgresServer, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 WAIT_S = 90.0
@@ -158,9 +158,9 @@ def workload(pg: PostgresServer, db: str, first: int, count: int) -> subprocess.
     """A background writer: one committed insert every few milliseconds."""
     sql = (f"DO $$ BEGIN FOR i IN {first}..{first + count - 1} LOOP "
            "INSERT INTO orders VALUES (i, i, 'stream'); COMMIT; PERFORM pg_sleep(0.005); END LOOP; END $$")
-    from cdcd.devservers import _pg_bindir
+    from devtools.servers import pg_bindir
 
-    return subprocess.Popen([str(_pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port),
+    return subprocess.Popen([str(pg_bindir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(pg.port),
                              "-U", "postgres", "-d", db, "-c", sql], stdout=subprocess.DEVNULL)
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from test_daemon_lifecycle import Daemon, create_orders, daemons, make_config
 
-from cdcd.devservers import PostgresServer
 from cdcd.memory import glibc_version
+from devtools.servers import PostgresServer
 
 __all__ = ["daemons"]  # the fixture, used by name
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from cdcd.devservers import PostgresServer
 from cdcd.landing.reader import landed_seqs, mark_consumed
+from devtools.servers import PostgresServer
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

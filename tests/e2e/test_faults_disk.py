@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from daemon_harness import DaemonHarness, rows
 
-from cdcd.devservers import MariaDBServer, PostgresServer, free_port
 from cdcd.landing.reader import landed_seqs
+from devtools.servers import MariaDBServer, PostgresServer, free_port
 
 pytestmark = pytest.mark.slow
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -30,8 +30,8 @@ import pytest
 from daemon_harness import DaemonHarness
 from faultproxy import FaultProxy
 
-from cdcd.devservers import MariaDBServer, PostgresServer, _binary, _service_user, _wait_port, free_port
 from cdcd.landing.reader import landed_seqs, mark_consumed, read_batch
+from devtools.servers import MariaDBServer, PostgresServer, binary, free_port, service_user, wait_port
 
 pytestmark = pytest.mark.slow
 
@@ -301,11 +301,11 @@ def restart(server: MariaDBServer) -> None:
     assert server.proc is not None
     server.proc.terminate()
     server.proc.wait(60)
-    owner = _service_user()
+    owner = service_user()
     server.proc = subprocess.Popen(
-        [_binary("mariadbd"), f"--defaults-file={server.root / 'my.cnf'}", *([f"--user={owner}"] if owner else [])],
+        [binary("mariadbd"), f"--defaults-file={server.root / 'my.cnf'}", *([f"--user={owner}"] if owner else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _wait_port(server.port, server.proc, server.root / "server.log")
+    wait_port(server.port, server.proc, server.root / "server.log")
 
 
 # ------------------------------------------------------------------ the scenarios

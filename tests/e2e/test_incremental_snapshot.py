@@ -17,10 +17,10 @@ import pymysql
 import pytest
 from daemon_harness import CDCD, WAIT_S, DaemonHarness
 
-from cdcd.devservers import MariaDBServer, PostgresServer, free_port
 from cdcd.events import TableId
 from cdcd.landing.reader import mark_consumed
 from cdcd.positions import MySqlPosition, PgPosition, parse_lsn
+from devtools.servers import MariaDBServer, PostgresServer, free_port
 
 ROWS = 2000
 _server_ids = itertools.count(7501)

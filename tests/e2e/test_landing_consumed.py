@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from cdcd.checkpoint.store import CheckpointStore
-from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import consumed_seqs, landed_seqs
+from devtools.servers import PostgresServer, free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))

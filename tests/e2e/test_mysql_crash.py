@@ -17,7 +17,7 @@ import pymysql
 import pytest
 from daemon_harness import DaemonHarness, rows
 
-from cdcd.devservers import MariaDBServer
+from devtools.servers import MariaDBServer
 
 _server_ids = itertools.count(7001)
 

@@ -24,12 +24,12 @@ from pymysqlreplication import BinLogStreamReader
 from switch_proxy import SwitchProxy
 
 from cdcd.daemon.exitcodes import ExitCode
-from cdcd.devservers import MariaDBServer
 from cdcd.events import ChangeEvent, TableId
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.binlog import _EVENTS
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.schema import SchemaHistory
+from devtools.servers import MariaDBServer
 
 pytestmark = pytest.mark.slow
 _server_ids = itertools.count(7501)

@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_lifecycle import CDCD, WAIT_S, Daemon, create_orders, daemons, make_config, workload
 
 from cdcd.daemon.exitcodes import ExitCode
-from cdcd.devservers import PostgresServer
 from cdcd.landing.manifest import covered_records
 from cdcd.landing.reader import read_batches
+from devtools.servers import PostgresServer
 
 __all__ = ["daemons"]  # the fixture
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from test_daemon_lifecycle import CDCD, WAIT_S, Daemon, create_orders, daemons, make_config
 
 from cdcd.daemon.exitcodes import ExitCode
-from cdcd.devservers import PostgresServer
 from cdcd.landing.reader import read_batches
+from devtools.servers import PostgresServer
 
 __all__ = ["daemons"]  # the fixture
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from daemon_harness import DaemonHarness, rows
 
-from cdcd.devservers import PostgresServer
 from cdcd.positions import PgPosition, parse_lsn
+from devtools.servers import PostgresServer
 
 
 class Setup(DaemonHarness):

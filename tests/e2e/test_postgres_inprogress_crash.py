@@ -13,8 +13,8 @@ from daemon_harness import rows
 from test_postgres_crash import Setup as CrashSetup
 from test_postgres_crash import _check_flush_within_checkpoint
 
-from cdcd.devservers import PostgresServer
 from cdcd.sources.postgres.inprogress import SPOOL_DIR, SUFFIX
+from devtools.servers import PostgresServer
 
 
 class Setup(CrashSetup):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from test_postgres_crash import Setup, rows
 
-from cdcd.devservers import PostgresServer
+from devtools.servers import PostgresServer
 
 
 def test_initial_only_lands_the_snapshot_and_exits(tmp_path: Path, pg_server: PostgresServer, pg_db: str) -> None:

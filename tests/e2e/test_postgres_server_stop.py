@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from daemon_harness import DaemonHarness, rows
 
-from cdcd.devservers import PostgresServer
+from devtools.servers import PostgresServer
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 from daemon_harness import DaemonHarness, rows
 
 from cdcd.config import load_config
-from cdcd.devservers import PostgresServer
 from cdcd.verify import verify
+from devtools.servers import PostgresServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -23,12 +23,12 @@ import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cdcd.devservers import free_port
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
 from cdcd.landing.reader import read_manifest
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
+from devtools.servers import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

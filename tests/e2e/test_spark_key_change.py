@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_spark_pipeline import BIG, FORMATS, config, load_config, rows, start, verify, wait_landed
 
-from cdcd.devservers import PostgresServer
+from devtools.servers import PostgresServer
 
 pytestmark = pytest.mark.spark
 

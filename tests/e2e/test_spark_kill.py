@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from daemon_harness import streamed_values
 
-from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import consumed_seqs, read_batches
 from cdcd.verify.mirror import read_table
+from devtools.servers import PostgresServer, free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))

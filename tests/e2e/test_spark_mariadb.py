@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from daemon_harness import streamed_values
 
-from cdcd.devservers import MariaDBServer
 from cdcd.landing.reader import read_batches
 from cdcd.verify.mirror import read_table
+from devtools.servers import MariaDBServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -14,10 +14,10 @@ import pytest
 from daemon_harness import streamed_values
 
 from cdcd.config import load_config
-from cdcd.devservers import PostgresServer, free_port
 from cdcd.landing.reader import read_batches
 from cdcd.verify import verify
 from cdcd.verify.mirror import read_table
+from devtools.servers import PostgresServer, free_port
 
 pytestmark = pytest.mark.spark
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 
-from cdcd.devservers import MariaDBServer, PostgresServer
 from cdcd.landing.reader import read_batches
+from devtools.servers import MariaDBServer, PostgresServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -13,7 +13,7 @@ import pytest
 
 from bench import peers, workloads
 from bench.report import to_markdown
-from cdcd.devservers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 EARLIER = [{"measure": "PostgreSQL streaming, narrow table", "cdcd": 1234.5, "cdcd_seconds": 2.0},
            {"measure": "MariaDB streaming, wide table", "cdcd": 678.9, "cdcd_seconds": 3.0}]

@@ -1,4 +1,4 @@
-from cdcd.devservers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 
 def test_postgres_is_logical(pg_server: PostgresServer, pg_db: str) -> None:

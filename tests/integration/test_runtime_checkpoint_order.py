@@ -16,13 +16,13 @@ import pytest
 
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config, parse_config
-from cdcd.devservers import PostgresServer
 from cdcd.landing.layout import MANIFESTS, manifest_name
 from cdcd.landing.manifest import load_manifest
 from cdcd.landing.reader import landed_seqs, mark_consumed
 from cdcd.runtime.runtime import Runtime
 from cdcd.sinks import make_sink
 from cdcd.sources import make_source
+from devtools.servers import PostgresServer
 
 BIG = 60_000
 FIRST = 40_000  # rows of the big transaction acked before the restart

@@ -18,12 +18,12 @@ import pytest
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.config import Config, parse_config
-from cdcd.devservers import PostgresServer
 from cdcd.errors import StateError
 from cdcd.landing.reader import landed_seqs
 from cdcd.runtime.runtime import Runtime, RuntimeState
 from cdcd.sinks import make_sink
 from cdcd.sources import make_source
+from devtools.servers import PostgresServer
 
 ROWS = 25
 INFLIGHT = 2

@@ -9,11 +9,11 @@ import pytest
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.config import Config, parse_config
-from cdcd.devservers import PostgresServer
 from cdcd.errors import StateError
 from cdcd.runtime.runtime import Runtime, RuntimeState
 from cdcd.sinks import make_sink
 from cdcd.sources import make_source
+from devtools.servers import PostgresServer
 
 ROWS = 25
 

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdcd.config import Config, parse_config
-from cdcd.devservers import MariaDBServer, PostgresServer
 from cdcd.verify import verify
+from devtools.servers import MariaDBServer, PostgresServer
 
 TS = datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 

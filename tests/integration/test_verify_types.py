@@ -11,7 +11,7 @@ import pyarrow as pa
 from test_verify import run_verify, write_mirror
 
 from cdcd.config import parse_config
-from cdcd.devservers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer
 
 
 def test_verify_postgres_inet_and_nan(pg_server: PostgresServer, pg_db: str, tmp_path: Path) -> None:

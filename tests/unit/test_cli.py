@@ -21,8 +21,8 @@ from cdcd import __version__
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.cli import build_parser, main
 from cdcd.daemon.exitcodes import ExitCode
-from cdcd.devservers import free_port
 from cdcd.positions import PgPosition
+from devtools.servers import free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 

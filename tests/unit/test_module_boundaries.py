@@ -31,7 +31,6 @@ MAP: dict[str, frozenset[str]] = {
     "cdcd.logging": frozenset({E}),
     "cdcd.fsutil": frozenset({E}),
     "cdcd.sockets": frozenset({E}),
-    "cdcd.devservers": frozenset({E}),
     "cdcd.positions": frozenset({E}),
     "cdcd.memory": frozenset({E}),
     "cdcd.events": frozenset({E, "cdcd.positions"}),
@@ -61,26 +60,16 @@ MAP: dict[str, frozenset[str]] = {
                                 "cdcd.sinks", "cdcd.spark"}),
     "cdcd.cli": frozenset({E, "cdcd", "cdcd.checkpoint", "cdcd.config", "cdcd.daemon", "cdcd.logging",
                            "cdcd.runtime", "cdcd.sources", "cdcd.spark", "cdcd.verify"}),
-    "bench": frozenset({"cdcd.devservers", "cdcd.landing", "cdcd.sources.postgres"}),
-    "devtools": frozenset({"cdcd.config", "cdcd.devservers", "cdcd.landing", "cdcd.verify"}),
+    "devtools.servers": frozenset({E}),
+    "bench": frozenset({"devtools.servers", "cdcd.landing", "cdcd.sources.postgres"}),
+    "devtools": frozenset({"cdcd.config", "devtools.servers", "cdcd.landing", "cdcd.verify"}),
 }
 
 #: (file, imported module) -> why the code breaks the map there today.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    # `cdcd demo` starts throwaway servers with the test helpers, which therefore ship in the wheel; issue 32
-    # moves what only the demo, the tests and the bench use to devtools/.
-    ("cdcd/daemon/demo.py", "cdcd.devservers"): "the demo runs on the dev servers",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: (file, private name of another package it imports) -> why. No package takes another's ``_names``.
-PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    # The bench and the soak start servers with devservers' private helpers (issue 32: dev tools out of cdcd).
-    ("bench/scenarios.py", "cdcd.devservers._binary"): "finds a server binary",
-    ("bench/scenarios.py", "cdcd.devservers._pg_bindir"): "finds PostgreSQL's bin directory",
-    ("devtools/soak.py", "cdcd.devservers._binary"): "finds a server binary",
-    ("devtools/soak.py", "cdcd.devservers._service_user"): "runs a server as a service user",
-    ("devtools/soak.py", "cdcd.devservers._wait_port"): "waits for a server's port",
-}
+PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: Files that import each other in a loop today (issue 32 breaks them up); no other circle may appear.
 CIRCLE_EXCEPTIONS: set[frozenset[str]] = {

@@ -7,7 +7,7 @@ import pytest
 from my_helpers import execute, my_config
 
 from cdcd.config import Config
-from cdcd.devservers import MariaDBServer
+from devtools.servers import MariaDBServer
 
 
 @pytest.fixture

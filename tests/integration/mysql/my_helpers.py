@@ -9,10 +9,10 @@ import pymysql
 from source_driver import SourceDriver, opening_truncate
 
 from cdcd.config import Config, parse_config
-from cdcd.devservers import MariaDBServer
 from cdcd.events import ChangeEvent, Item
 from cdcd.positions import Position
 from cdcd.sources.mysql import MySqlSource
+from devtools.servers import MariaDBServer
 
 _server_ids = itertools.count(6001)
 

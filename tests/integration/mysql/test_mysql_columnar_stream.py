@@ -23,13 +23,13 @@ from pymysqlreplication import BinLogStreamReader
 from source_driver import events_of
 from test_mysql_rowimage import COLUMNS, EDGE_ROWS, _connect, _position
 
-from cdcd.devservers import MariaDBServer
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, TableId
 from cdcd.sinks.arrow import block_to_table, events_to_table
 from cdcd.sources.mysql import decode
 from cdcd.sources.mysql.binlog import _EVENTS
 from cdcd.sources.mysql.columnar import BLOCK_ROWS, BlockBuilder, build_blocks
 from cdcd.sources.mysql.schema import SchemaHistory
+from devtools.servers import MariaDBServer
 
 _server_ids = itertools.count(7301)
 NAMES = [n for n, _ in COLUMNS]

@@ -19,11 +19,11 @@ from source_driver import replay_covered
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
-from cdcd.devservers import MariaDBServer
 from cdcd.errors import ConfigError
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql import MySqlSource
+from devtools.servers import MariaDBServer
 
 ROWS = 3000
 pytestmark = pytest.mark.filterwarnings("ignore:Duplicate entry")  # the workload's INSERT IGNORE / UPDATE IGNORE

@@ -9,8 +9,8 @@ import pytest
 from my_helpers import execute, my_config
 
 from cdcd.config import Config
-from cdcd.devservers import MariaDBServer
 from cdcd.sources.mysql import MySqlSource
+from devtools.servers import MariaDBServer
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from my_helpers import Driver
 from test_mysql_incremental import catch_up, marks
 
 from cdcd.config import Config
-from cdcd.devservers import MariaDBServer
 from cdcd.events import Item, MarkKind
 from cdcd.sources.mysql import MySqlSource
+from devtools.servers import MariaDBServer
 
 
 async def test_a_keyless_table_is_refused_at_reload_and_not_recorded_as_captured(

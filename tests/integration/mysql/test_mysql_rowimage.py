@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from cdcd.devservers import MariaDBServer
 from cdcd.events import ChangeEvent, TableId
 from cdcd.sources.mysql import (
     compat,  # noqa: F401  (the decoding cdcd compares against)
@@ -33,6 +32,7 @@ from cdcd.sources.mysql.binlog import _EVENTS
 from cdcd.sources.mysql.columnar import decimal_of
 from cdcd.sources.mysql.rowimage import compile_table, unsupported_reason
 from cdcd.sources.mysql.schema import SchemaHistory
+from devtools.servers import MariaDBServer
 
 _server_ids = itertools.count(7101)
 _ids = itertools.count(1000)

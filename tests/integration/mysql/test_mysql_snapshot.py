@@ -13,9 +13,9 @@ from my_helpers import Driver, apply, events_of
 from source_driver import opening_truncate
 
 from cdcd.config import Config
-from cdcd.devservers import MariaDBServer
 from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Mark
+from devtools.servers import MariaDBServer
 
 
 async def _writer(server: MariaDBServer, db: str, stop: asyncio.Event, seed: int) -> int:

@@ -22,12 +22,12 @@ from test_mysql_snapshot_bulk import EXTRA, _rows, _same
 from test_mysql_tls import Certs, _openssl, make_certs
 
 from cdcd.config import Config
-from cdcd.devservers import MariaDBServer
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind
 from cdcd.sources.mysql import MySqlSource, bulkread
 from cdcd.sources.mysql import snapshot as mysql_snapshot
 from cdcd.sources.mysql.tls import ClientTls, Tls, TlsError
+from devtools.servers import MariaDBServer
 
 pytestmark = pytest.mark.skipif(not bulkread.available(), reason="mysqlclient is not installed")
 

@@ -15,11 +15,11 @@ import pymysql
 import pytest
 from my_helpers import Driver, my_config
 
-from cdcd.devservers import MariaDBServer
 from cdcd.events import ChangeEvent
 from cdcd.sources.mysql import MySqlSource
 from cdcd.sources.mysql.snapshot import open_connection
 from cdcd.sources.mysql.tls import Tls, TlsError
+from devtools.servers import MariaDBServer
 
 MODES = ["disable", "prefer", "require", "verify-ca", "verify-full"]
 

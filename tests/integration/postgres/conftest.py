@@ -7,7 +7,7 @@ import pytest
 from pg_helpers import pg_config
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
+from devtools.servers import PostgresServer
 
 
 @pytest.fixture

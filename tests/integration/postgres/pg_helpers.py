@@ -9,10 +9,10 @@ from typing import Any
 from source_driver import SourceDriver, opening_truncate
 
 from cdcd.config import Config, parse_config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeEvent, Item, Mark
 from cdcd.positions import Position, parse_lsn
 from cdcd.sources.postgres import PostgresSource
+from devtools.servers import PostgresServer
 
 
 def pg_config(server: PostgresServer, db: str, tables: list[str], **sections: dict[str, Any]) -> Config:

@@ -21,10 +21,10 @@ from source_driver import replay_covered
 from test_pg_incremental import catch_up, source_of, source_rows
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import Item, Mark, MarkKind
 from cdcd.positions import PgPosition, parse_lsn
 from cdcd.sources.postgres import catalog
+from devtools.servers import PostgresServer
 
 TABLES = ("CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
           "INSERT INTO t SELECT g, g, 'p' FROM generate_series(1, 300) g; ")

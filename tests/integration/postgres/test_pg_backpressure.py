@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from pg_helpers import Driver, pg_config
 
-from cdcd.devservers import PostgresServer
+from devtools.servers import PostgresServer
 
 
 @pytest.fixture(scope="module")

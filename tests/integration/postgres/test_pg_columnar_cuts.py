@@ -17,9 +17,9 @@ from source_driver import events_of
 from test_pg_columnar_stream import DDL, Workload, _config, _describe, _read, _same
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeBlock, ChangeEvent, Item
 from cdcd.sources.postgres import stream
+from devtools.servers import PostgresServer
 
 
 class Runs(Workload):

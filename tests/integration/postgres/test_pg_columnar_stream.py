@@ -20,11 +20,11 @@ from pg_helpers import Driver
 from source_driver import events_of
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeBlock, ChangeEvent, Item
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.arrow import block_to_table, events_to_table
 from cdcd.sinks.landing import _group
+from devtools.servers import PostgresServer
 
 TYPES = """
 CREATE TYPE mood AS ENUM ('sad', 'happy');

@@ -15,11 +15,11 @@ from source_driver import replay_covered
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.errors import ConfigError
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres import PostgresSource
+from devtools.servers import PostgresServer
 
 NEVER = {"mode": "never"}
 ROWS = 3000

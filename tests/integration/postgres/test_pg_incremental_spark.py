@@ -15,12 +15,12 @@ from test_pg_incremental import TOASTED, catch_up, source_of, unavailable_update
 
 from cdcd.capture.incremental import SnapshotJob
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import Item, MarkKind
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
 from cdcd.verify import verify
 from cdcd.verify.mirror import read_table
+from devtools.servers import PostgresServer
 
 pytestmark = pytest.mark.spark
 

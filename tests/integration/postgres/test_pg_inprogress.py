@@ -16,11 +16,11 @@ import pytest
 from pg_helpers import Driver, changes, marks
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op
 from cdcd.runtime.interfaces import ResumePoint
 from cdcd.sources.postgres import PostgresSource
 from cdcd.sources.postgres.inprogress import SUFFIX, spool_dir
+from devtools.servers import PostgresServer
 
 NEVER = {"mode": "never"}
 

@@ -18,9 +18,9 @@ from pg_helpers import Driver, marks
 from test_pg_incremental import catch_up, source_of
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import Item, MarkKind
 from cdcd.runtime.interfaces import ResumePoint
+from devtools.servers import PostgresServer
 
 
 async def test_a_reconnect_while_a_reload_is_applied_completes_it_after_the_reconnect(

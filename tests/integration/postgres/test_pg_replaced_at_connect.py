@@ -13,9 +13,9 @@ from source_driver import replay_covered
 from test_pg_incremental import catch_up, source_of, source_rows
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Item, MarkKind
+from devtools.servers import PostgresServer
 
 SETUP = ("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE t (id int PRIMARY KEY, v int, pad text); "
          "INSERT INTO t SELECT g, g, 'old' FROM generate_series(1, 300) g")

@@ -8,10 +8,10 @@ import pytest
 from pg_helpers import Driver
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Op
 from cdcd.sources.postgres import PostgresSource
+from devtools.servers import PostgresServer
 
 NEVER = {"mode": "never"}
 

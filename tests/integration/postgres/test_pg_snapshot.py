@@ -13,8 +13,8 @@ from pg_helpers import Driver, apply, changes, marks
 from source_driver import opening_truncate
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeEvent, MarkKind
+from devtools.servers import PostgresServer
 
 
 async def _writer(dsn: str, stop: asyncio.Event, seed: int, size: int) -> int:

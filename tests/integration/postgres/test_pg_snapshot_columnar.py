@@ -11,8 +11,8 @@ from source_driver import opening_truncate
 from test_pg_types_roundtrip import DDL, VALUES, check
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeEvent, Item, RowBlock
+from devtools.servers import PostgresServer
 
 
 def blocks(items: list[Item], table: str) -> list[RowBlock]:

@@ -12,10 +12,10 @@ import pytest
 from pg_helpers import Driver, apply, changes, confirmed_flush, marks, wait_for
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, MarkKind, Op
 from cdcd.positions import PgPosition, parse_lsn
+from devtools.servers import PostgresServer
 
 NEVER = {"mode": "never"}
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cdcd.devservers import PostgresServer
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.sources.postgres.catalog import connect_sql
 from cdcd.sources.postgres.replication import ConnectParams, ReplicationConnection
+from devtools.servers import PostgresServer
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pyarrow as pa
 from pg_helpers import Driver, changes, marks
 
 from cdcd.config import Config
-from cdcd.devservers import PostgresServer
 from cdcd.events import ChangeEvent
+from devtools.servers import PostgresServer
 
 DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'happy');

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from cdcd.devservers import MariaDBServer, PostgresServer, free_port
+from devtools.servers import MariaDBServer, PostgresServer, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 WAIT_S = 120.0

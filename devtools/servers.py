@@ -34,7 +34,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pg_bindir() -> Path:
+def pg_bindir() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
     if not found:
         which = shutil.which("initdb")
@@ -44,7 +44,7 @@ def _pg_bindir() -> Path:
     return Path(found[0]).parent
 
 
-def _binary(name: str) -> str:
+def binary(name: str) -> str:
     for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
         if candidate and os.path.exists(candidate):
             return candidate
@@ -71,7 +71,7 @@ def _init_datadir(cmd: list[str], *, log: Path | None = None, **kwargs: Any) -> 
         raise RuntimeError(f"{cmd[0]} failed with exit status {exc.returncode}:\n{out}") from exc
 
 
-def _service_user() -> str | None:
+def service_user() -> str | None:
     if os.geteuid() != 0:
         return None
     for name in ("postgres", "mysql", "nobody"):
@@ -81,7 +81,7 @@ def _service_user() -> str | None:
     raise ServerError("running as root and no unprivileged user (postgres/nobody) exists")
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+def wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -110,12 +110,12 @@ class PostgresServer:
 
     @staticmethod
     def version() -> str:
-        out = subprocess.run([str(_pg_bindir() / "postgres"), "--version"], capture_output=True, text=True)
+        out = subprocess.run([str(pg_bindir() / "postgres"), "--version"], capture_output=True, text=True)
         return out.stdout.strip()
 
     def start(self) -> PostgresServer:
-        bindir = _pg_bindir()
-        owner = _service_user()
+        bindir = pg_bindir()
+        owner = service_user()
         self.root = Path(tempfile.mkdtemp(prefix="cdcd-pg-"))
         data = self.root / "data"
         if owner:
@@ -168,14 +168,14 @@ class PostgresServer:
         return self.root / "data"
 
     def _launch(self) -> None:
-        bindir = _pg_bindir()
+        bindir = pg_bindir()
         log = self.root / "server.log"
         logf = open(log, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [str(bindir / "postgres"), "-D", str(self.data)],
-            stdout=logf, stderr=logf, start_new_session=True, **_run_as(_service_user()),
+            stdout=logf, stderr=logf, start_new_session=True, **_run_as(service_user()),
         )
-        _wait_port(self.port, self.proc, log)
+        wait_port(self.port, self.proc, log)
         self._wait_accepting(bindir, log)
 
     def halt(self, immediate: bool = False) -> None:
@@ -211,7 +211,7 @@ class PostgresServer:
     def psql(self, sql: str, database: str = "postgres", timeout_s: float = 1800) -> str:
         """Run ``sql`` through psql; raises ``subprocess.TimeoutExpired`` after ``timeout_s``."""
         out = subprocess.run(
-            [str(_pg_bindir() / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+            [str(pg_bindir() / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
              "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql],
             check=True, capture_output=True, text=True, timeout=timeout_s,
         )
@@ -259,13 +259,13 @@ class MariaDBServer:
 
     @staticmethod
     def version() -> str:
-        out = subprocess.run([_binary("mariadbd"), "--version"], capture_output=True, text=True)
+        out = subprocess.run([binary("mariadbd"), "--version"], capture_output=True, text=True)
         return out.stdout.strip()
 
     def start(self) -> MariaDBServer:
-        install_db = _binary("mariadb-install-db")
-        mariadbd = _binary("mariadbd")
-        owner = _service_user()
+        install_db = binary("mariadb-install-db")
+        mariadbd = binary("mariadbd")
+        owner = service_user()
         self.root = Path(tempfile.mkdtemp(prefix="cdcd-maria-"))
         os.chmod(self.root, 0o755)
         data = self.root / "data"
@@ -311,7 +311,7 @@ class MariaDBServer:
             [mariadbd, f"--defaults-file={cnf}", *user_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
-        _wait_port(self.port, self.proc, log)
+        wait_port(self.port, self.proc, log)
         self.sql(
             "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';"
             "GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
@@ -323,7 +323,7 @@ class MariaDBServer:
 
     def sql(self, sql: str, database: str | None = None, via_socket: bool = False) -> str:
         conn = ["-S", str(self.root / "mysqld.sock")] if via_socket else ["-h", "127.0.0.1", "-P", str(self.port)]
-        cmd = [_binary("mariadb"), "-u", "root", *conn, "-N", "-B", "-e", sql]
+        cmd = [binary("mariadb"), "-u", "root", *conn, "-N", "-B", "-e", sql]
         if database:
             cmd.insert(1, f"--database={database}")
         out = subprocess.run(cmd, check=True, capture_output=True, text=True)
