@@ -10,11 +10,8 @@ by itself. At the end the landing zone, replayed in position order (and merged b
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import itertools
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -28,6 +25,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import DaemonHarness, rows
+from support.disk import fill, tmpfs
 
 from cdcd.landing.reader import landed_seqs
 from devtools.servers import MariaDBServer, PostgresServer, free_port
@@ -36,41 +34,6 @@ pytestmark = pytest.mark.slow
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 MAX_INFLIGHT = 4
 _server_ids = itertools.count(7301)
-
-
-# ---- tmpfs mounts and filling them -------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (unmounted afterwards); skips the test if mounting is refused."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs at {path} (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def fill(mount: Path) -> Path:
-    """Take every free byte of ``mount`` with a filler file: the next write there fails with ENOSPC."""
-    filler = mount / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for size in (1 << 20, 4096, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * size)
-        with pytest.raises(OSError) as full:
-            os.write(fd, b"\0")
-        assert full.value.errno == errno.ENOSPC, full.value
-    finally:
-        os.close(fd)
-    return filler
 
 
 # ---- the daemon, its endpoints, a workload ---------------------------------------------------------

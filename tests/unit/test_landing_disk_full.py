@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.disk import fill, tmpfs
 
 from cdcd.errors import SinkError
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
@@ -25,32 +24,8 @@ BIG = TableSchema(TableId("public", "big"), (Column("id", pa.int64(), "bigint", 
 
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "landing"
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs at {path} (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "landing", "4m") as path:
         yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
-
-
-def leave_free(path: Path, free: int) -> Path:
-    """Fill the volume, then give back ``free`` bytes."""
-    filler = path / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 4096):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    os.truncate(filler, filler.stat().st_size - free)
-    return filler
 
 
 def batch(seq: int) -> Batch:
@@ -65,7 +40,7 @@ async def test_disk_full_mid_batch_leaves_nothing_and_the_retry_lands_it(mount: 
     sink = LandingSink(mount)
     await sink.open()
     await sink.deliver(batch(1))
-    filler = leave_free(mount, 256 * 1024)  # room for the small file, not for the big one
+    filler = fill(mount, leave=256 * 1024)  # room for the small file, not for the big one
     with pytest.raises(SinkError) as err:
         await sink.deliver(batch(2))
     # The small file was renamed into data/ before the big one failed: it is gone again, as is every temp file.
