@@ -75,8 +75,6 @@ PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 CIRCLE_EXCEPTIONS: set[frozenset[str]] = {
     # the bulk reader takes the snapshot's column conversion, the snapshot the bulk reader
     frozenset({"cdcd/sources/mysql/bulkread.py", "cdcd/sources/mysql/snapshot.py"}),
-    # the chunk reader and the stream are handed the whole source (issue 32: a mysql/server.py object instead)
-    frozenset({"cdcd/sources/mysql/chunks.py", "cdcd/sources/mysql/source.py", "cdcd/sources/mysql/stream.py"}),
     # the covered-record deletion sits between the formats' apply (issue 32: one strategy per table format)
     frozenset({"cdcd/spark/covered.py", "cdcd/spark/lakehouse.py", "cdcd/spark/parquet.py"}),
 }

@@ -78,12 +78,12 @@ async def test_mysql_without_gtids_refuses_incremental_snapshots_with_the_fix() 
     cfg = parse_config({"source": {"kind": "mysql", "user": "u", "database": "d", "tables": ["d.t", "d.u"],
                                    "mysql": {"server_id": 7}}}, env={})
     src = MySqlSource(cfg)
-    src.flavor, src.gtid_mode = "mysql", False  # as connect() finds a MySQL server with gtid_mode = OFF
+    src.server.flavor, src.server.gtid_mode = "mysql", False  # as connect() finds a MySQL server with gtid_mode = OFF
     with pytest.raises(ConfigError, match=r"snapshot request: incremental snapshots on MySQL need GTIDs \(gtid_mode"):
         src.request_snapshot("d.t")
     with pytest.raises(ConfigError, match=r"table reload \(an added table .*\): incremental snapshots on MySQL need"):
         src.reload_tables(["d.t", "d.u", "d.v"])
     src.reload_tables(["d.t"])  # removing a table needs no snapshot
-    src.gtid_mode = True
+    src.server.gtid_mode = True
     src.request_snapshot("d.t")
     assert [(p["table"], p["state"]) for p in src.snapshot_progress()] == [("d.t", "queued")]

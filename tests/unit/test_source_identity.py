@@ -127,15 +127,15 @@ def test_resuming_on_another_server_inside_a_transaction_skips_only_its_delivere
     config = parse_config({"source": {"kind": "mariadb", "port": 3306, "user": "u", "password": "p",
                                       "database": "d", "tables": ["d.t"], "mysql": {"server_id": 9}}}, env={})
     src = MySqlSource(config)
-    src._epoch = 1
+    src.server.epoch = 1
     inside = MySqlPosition.at("b.000004", 100, 3, "0-1-5")  # epoch 0: the old server
-    src._last_was_commit = False
-    src._arm_resend_skip(inside)
+    src._stream.last_was_commit = False
+    src._stream.arm_resend_skip(inside)
     assert src._stream.resend_skip == ("0-1-5", 3)
-    assert src._start_at(inside).use_gtid and src._start_at(inside).gtid == "0-1-5"
-    src._last_was_commit = True  # a commit: the new server starts after it, nothing to skip
-    src._arm_resend_skip(inside)
+    assert src.server.start_at(inside).use_gtid and src.server.start_at(inside).gtid == "0-1-5"
+    src._stream.last_was_commit = True  # a commit: the new server starts after it, nothing to skip
+    src._stream.arm_resend_skip(inside)
     assert src._stream.resend_skip is None
-    src._last_was_commit = False
-    src._arm_resend_skip(MySqlPosition.at("b.000004", 100, 3, "0-1-5", epoch=1))  # same server: offsets dedupe
+    src._stream.last_was_commit = False
+    src._stream.arm_resend_skip(MySqlPosition.at("b.000004", 100, 3, "0-1-5", epoch=1))  # same server: offsets dedupe
     assert src._stream.resend_skip is None

@@ -30,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiomysql
 import pyarrow as pa
 import structlog
 
+from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import Chunk, SnapshotJob
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import Mark, MarkKind
@@ -43,6 +44,7 @@ from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.connection import open_connection
 from cdcd.sources.mysql.failures import FATAL_CODES, code_of
 from cdcd.sources.mysql.gtid import GtidSet, parse_gtid_set
+from cdcd.sources.mysql.server import MySqlServer
 from cdcd.sources.mysql.snapshot import (
     Watermark,
     _after_clause,
@@ -53,12 +55,9 @@ from cdcd.sources.mysql.snapshot import (
     parse_snapshot_status,
     quote_ident,
 )
+from cdcd.sources.mysql.stream import MySqlStream
 from cdcd.sources.mysql.types import is_temporal_key, key_from_json, key_to_json, snapshot_converter
 from cdcd.sources.mysql.watermarks import Strategy, binlog_status_statement, choose_strategy, covers
-
-if TYPE_CHECKING:
-    from cdcd.sources.mysql.source import MySqlSource
-
 
 log = structlog.get_logger("cdcd.source.mysql")
 
@@ -71,10 +70,13 @@ def _never(tx: str | None) -> bool:
 
 
 class MyChunkReader:
-    """``cdcd.capture.incremental.ChunkReader`` for MariaDB and MySQL."""
+    """``cdcd.capture.incremental.ChunkReader`` for MariaDB and MySQL: reads on a connection of its own to the
+    ``server``, fences its low watermark with what the binlog ``stream`` has read and ``coord`` has delivered."""
 
-    def __init__(self, src: MySqlSource) -> None:
-        self._src = src
+    def __init__(self, server: MySqlServer, stream: MySqlStream, coord: CaptureCoordinator) -> None:
+        self._server = server
+        self._stream = stream
+        self._coord = coord
         self._conn: aiomysql.Connection | None = None
         #: Called between the chunk's read and its HW (tests change the chunk's rows there, on the real server).
         self.after_read: Callable[[SnapshotJob], Awaitable[None]] | None = None
@@ -87,7 +89,7 @@ class MyChunkReader:
 
     async def _connection(self) -> aiomysql.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = await open_connection(self._src.conn.settings(), self._src.tls)
+            self._conn = await open_connection(self._server.conn.settings(), self._server.tls)
         return self._conn
 
     async def _rows(self, conn: aiomysql.Connection, sql: str, args: Any = None) -> list[Any]:
@@ -96,7 +98,7 @@ class MyChunkReader:
             return list(await cur.fetchall())
 
     async def read(self, job: SnapshotJob, limit: int) -> Chunk:
-        src = self._src
+        src = self._server
         strategy = choose_strategy(src.flavor, src.config.source.mysql.incremental_watermark)
         if src.flavor == "mysql" and not src.gtid_mode:
             raise SourceFatal(f"incremental snapshot of {job.table}: on MySQL the low watermark's fence needs GTIDs "
@@ -170,13 +172,13 @@ class MyChunkReader:
         if last is not None:
             key = tuple(last[names.index(k)] for k in schema.key)
             last_key = key_to_json(key)
-        hw = src._stamp(MySqlPosition.at(end.file, end.pos, 0, end.gtid))
+        hw = src.stamp(MySqlPosition.at(end.file, end.pos, 0, end.gtid))
         return Chunk(job, schema, data, key_text, last_key, lw, hw, rows < limit, _never)
 
     async def _binlog_end(self, conn: aiomysql.Connection) -> Watermark:
         """The binlog's end and the GTID set of the transactions before it (MariaDB: ``BINLOG_GTID_POS`` of it;
         MySQL: the status row's ``Executed_Gtid_Set``, read by the server just before the position)."""
-        src = self._src
+        src = self._server
         async with conn.cursor(aiomysql.DictCursor) as dcur:
             await dcur.execute(binlog_status_statement(src.flavor, src.version))
             end = parse_binlog_status(await dcur.fetchone())
@@ -190,21 +192,21 @@ class MyChunkReader:
         delivered a transaction whose engine commit had not run when the snapshot began (the binlog is sent before
         the engine commits): it is not in the window (recording began after it) and the read did not see it, so
         the snapshot is taken again until its position is past everything delivered."""
-        src = self._src
+        src = self._server
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            delivered = src._coord.last
+            delivered = self._coord.last
             async with asyncio.timeout(timeout):
                 await self._rows(conn, "START TRANSACTION WITH CONSISTENT SNAPSHOT")
                 file, pos = parse_snapshot_status(await self._rows(conn, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
-            lw = src._stamp(MySqlPosition.at(file, pos, 0))
+            lw = src.stamp(MySqlPosition.at(file, pos, 0))
             if not isinstance(delivered, MySqlPosition) or lw >= delivered:
                 return lw
             async with asyncio.timeout(timeout):
                 await self._rows(conn, "COMMIT")
             if loop.time() > deadline:
-                raise SourceError(f"{src._where}: the read's snapshot (binlog {file}:{pos}) is still not past the last "
+                raise SourceError(f"{src.where}: the read's snapshot (binlog {file}:{pos}) is still not past the last "
                                   f"delivered position {delivered} after {timeout:g} s (the engine commit of a "
                                   "delivered transaction has not run); the chunk is read again")
             await asyncio.sleep(FENCE_POLL_S)
@@ -216,12 +218,12 @@ class MyChunkReader:
         (and counted in P) before its engine commit, so one just before P may not be committed yet. The binlog
         reader reading up to P gives the GTIDs of every transaction before P; the server's committed GTID set
         holding them all says their engine commits ran. Each wait is bounded by runtime.source_read_timeout_s."""
-        src = self._src
+        src = self._server
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with asyncio.timeout(timeout):
             p = await self._binlog_end(conn)
-        lw = src._stamp(MySqlPosition.at(p.file, p.pos, 0))
+        lw = src.stamp(MySqlPosition.at(p.file, p.pos, 0))
         try:
             self.waiting = "binlog reader"
             read = self._read_gtids(lw, deadline)
@@ -235,7 +237,7 @@ class MyChunkReader:
                 if covers(committed, read):
                     break
                 if loop.time() > deadline:
-                    raise SourceError(f"{src._where}: the binlog holds transactions whose commit has not completed "
+                    raise SourceError(f"{src.where}: the binlog holds transactions whose commit has not completed "
                                       f"after {timeout:g} s (committed GTIDs {committed}, binlog read up to {read}); "
                                       "the chunk is read again (runtime.source_read_timeout_s bounds this wait)")
                 await asyncio.sleep(FENCE_POLL_S)
@@ -248,14 +250,14 @@ class MyChunkReader:
     def _read_gtids(self, at: MySqlPosition, deadline: float) -> GtidSet | None:
         """The GTID set of every transaction the binlog reader has read, once it has read up to ``at``; None until
         then (an idle binlog: the server's heartbeat, every second, tells the reader where the binlog ends)."""
-        src = self._src
-        reader = src._stream.reader
+        src = self._server
+        reader = self._stream.reader
         upto = reader.read_upto if reader is not None else None
         if upto is not None and (MySqlPosition.at(*upto).file_index, upto[1]) >= (at.file_index, at.pos):
             # read after read_upto: the set only grows, so it holds every transaction before ``at``
             return reader.decoder.gtids_read()  # type: ignore[union-attr]
         if asyncio.get_running_loop().time() > deadline:
-            raise SourceError(f"{src._where}: the binlog stream has not read up to the chunk's low watermark "
+            raise SourceError(f"{src.where}: the binlog stream has not read up to the chunk's low watermark "
                               f"{at.file}:{at.pos} (read up to {upto}); the chunk is read again")
         return None
 
@@ -264,11 +266,11 @@ class MyChunkReader:
         after the engine commits of the group (with ``binlog_order_commits``, the default). MariaDB's
         ``binlog_snapshot_position`` outside a transaction is the binlog position of its last engine commit
         (``commit_ordered``, in binlog order): the GTID position there."""
-        src = self._src
+        src = self._server
         if src.flavor == "mysql":
             rows = await self._rows(conn, "SELECT @@GLOBAL.gtid_executed, @@GLOBAL.binlog_order_commits")
             if str(rows[0][1]) not in ("1", "ON"):
-                raise SourceFatal(f"{src._where}: binlog_order_commits is OFF, so gtid_executed may name transactions "
+                raise SourceFatal(f"{src.where}: binlog_order_commits is OFF, so gtid_executed may name transactions "
                                   "before their engine commit and an incremental snapshot's low watermark cannot be "
                                   "fenced: SET GLOBAL binlog_order_commits = ON (the default; also in my.cnf)")
             return parse_gtid_set("mysql", str(rows[0][0] or ""))
@@ -281,7 +283,7 @@ class MyChunkReader:
 
     def poke(self, chunk: Chunk) -> None:
         """The binlog may be idle: once the reader has read up to the HW, deliver the chunk with a mark there."""
-        stream = self._src._stream
+        stream = self._stream
         reader, channel = stream.reader, stream.channel
         hw = chunk.hw
         assert isinstance(hw, MySqlPosition)
@@ -297,7 +299,7 @@ class MyChunkReader:
         # SQL the server rejects (a bad WHERE: 1054 unknown column, 1064 syntax, 1146 no table) is the request's
         # fault; privileges too. Reading again cannot help.
         if code in (1054, 1064, 1146, 1292, 1305) or (code is not None and code in FATAL_CODES):
-            return f"{self._src._where}: {exc}"
+            return f"{self._server.where}: {exc}"
         if isinstance(exc, SourceFatal):
             return str(exc)
         return None
