@@ -11,16 +11,18 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from support.landed import landed_ids
+from support.waits import WAIT_S, tail, wait_for
 
 from cdcd.checkpoint.store import Checkpoint
 from cdcd.landing.reader import LandedBatch, mark_consumed, read_batches
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
-WAIT_S = 90.0
+__all__ = ["CDCD", "WAIT_S", "DaemonHarness", "rows", "streamed_values"]
 
 
 def rows(batch: LandedBatch) -> list[dict[str, Any]]:
@@ -80,23 +82,18 @@ class DaemonHarness(abc.ABC):
         return proc
 
     def wait(self, what: str, predicate: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-        deadline = time.monotonic() + timeout
-        proc = self.procs[-1] if self.procs else None
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"daemon exited ({proc.returncode}) waiting for {what}:\n{self.tail()}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
+        """Wait for ``predicate``, failing early when the daemon started last exits."""
+        return wait_for(what, predicate, timeout, procs=self.procs[-1:], log=self.log)
 
     def tail(self) -> str:
-        return self.log.read_text()[-3000:] if self.log.exists() else ""
+        return tail(self.log)
 
     def kill(self) -> None:
         self.procs[-1].send_signal(signal.SIGKILL)
         self.procs[-1].wait(30)
+
+    def landed_ids(self) -> set[Any]:
+        return landed_ids(self.landing)
 
     def batches(self) -> list[LandedBatch]:
         return read_batches(self.landing) if self.landing.exists() else []

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.waits import WAIT_S, wait_for
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.daemon.exitcodes import ExitCode
@@ -30,25 +31,10 @@ from cdcd.landing.reader import mark_consumed, read_batches
 from devtools.servers import PostgresServer, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
-WAIT_S = 90.0
 _n = itertools.count(1)
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = WAIT_S,
-             proc: subprocess.Popen[str] | None = None, log: Path | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log else ""
-            raise AssertionError(f"daemon exited with {proc.returncode} while waiting for {what}:\n{tail}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}" + (f":\n{log.read_text()[-3000:]}" if log else ""))
 
 
 class Daemon:
@@ -82,7 +68,7 @@ class Daemon:
         return stats
 
     def wait(self, what: str, predicate: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-        return wait_for(what, predicate, timeout, self.proc, self.log_path)
+        return wait_for(what, predicate, timeout, procs=self.proc, log=self.log_path)
 
     def wait_ready(self) -> None:
         self.wait("/readyz 200", lambda: (self.get("/readyz") or (0,))[0] == 200)
@@ -533,13 +519,13 @@ def test_second_sigterm_ends_the_daemon_while_its_event_loop_is_held(
             return False
 
     try:
-        wait_for("/readyz 200", ready, proc=proc)
+        wait_for("/readyz 200", ready, procs=proc)
         with contextlib.suppress(BlockingIOError):  # the pipe is full: the daemon's next log line blocks it
             while True:
                 os.write(filler, b"x" * 4096)
         proc.send_signal(signal.SIGTERM)  # its log line ("stop signal: stopping gracefully") holds the loop
         # A second SIGTERM sent while the first is still pending would merge with it: wait until it was delivered.
-        wait_for("the first SIGTERM delivered", lambda: not _pending(proc.pid, signal.SIGTERM), proc=proc)
+        wait_for("the first SIGTERM delivered", lambda: not _pending(proc.pid, signal.SIGTERM), procs=proc)
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(WAIT_S)

@@ -67,9 +67,6 @@ class Disk(DaemonHarness):
     def temp_files(self) -> list[str]:
         return [p.name for d in ("data", "manifests") for p in (self.landing / d).glob(".*.tmp")]
 
-    def landed_ids(self) -> set[Any]:
-        return {r.get("id") for b in self.batches() for r in rows(b)}
-
     def replay(self) -> dict[Any, dict[str, Any]]:
         """The landing zone applied in position order: the mirror a consumer builds."""
         state: dict[Any, dict[str, Any]] = {}

@@ -9,12 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support.waits import wait_for
 
 from cdcd.checkpoint.store import CheckpointStore
 from cdcd.landing.reader import consumed_seqs, landed_seqs
@@ -28,19 +26,6 @@ ROW_BYTES = 1500
 FIRST_ROWS = 6500  # more than may be in flight
 MORE_ROWS = [2500] * 5  # ~19 MB of row data that the daemon must leave in the WAL
 RSS_GROWTH_LIMIT = 12 * 1024 * 1024  # generous (the bounded source queue); holding the writes would take more
-
-
-def wait_for(what: str, predicate: Callable[[], Any], procs: list[subprocess.Popen[bytes]],
-             timeout: float = 240) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        for p in procs:
-            assert p.poll() is None, f"{p.args} exited with {p.returncode} while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def vm_rss(pid: int) -> int:
@@ -100,7 +85,7 @@ format = "json"
     try:
         daemon = spawn("run", "-c", str(cfg))
         insert(pg_server, pg_db, 1, FIRST_ROWS)
-        wait_for(f"{INFLIGHT} batches landed", lambda: len(landed_seqs(landing)) >= INFLIGHT, [daemon])
+        wait_for(f"{INFLIGHT} batches landed", lambda: len(landed_seqs(landing)) >= INFLIGHT, 240, procs=daemon)
         held = checkpoint(state)
         rss_start = vm_rss(daemon.pid)
         landed, rss = [], []
@@ -120,8 +105,8 @@ format = "json"
         # the consumer drains everything: each commit frees a slot, the daemon lands the next batch
         consumer = spawn("spark", "run", "--landing", str(landing), "--target", str(target), "--format", fmt)
         # ten merges, each a Spark job: on a loaded 2-core machine this takes minutes
-        wait_for(f"checkpoint at {total} events", lambda: (checkpoint(state) or (0, 0))[0] == total,
-                 [daemon, consumer], timeout=450)
+        wait_for(f"checkpoint at {total} events", lambda: (checkpoint(state) or (0, 0))[0] == total, 450,
+                 procs=[daemon, consumer])
         consumer.send_signal(signal.SIGTERM)
         assert consumer.wait(120) == 0
         daemon.send_signal(signal.SIGTERM)

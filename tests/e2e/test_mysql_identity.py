@@ -66,9 +66,6 @@ class Setup(DaemonHarness):
     def start(self, ack: str, **extra: dict[str, Any]) -> Any:
         return super().start(ack, runtime={"reconnect_max_s": 1.0}, **extra)
 
-    def landed_ids(self) -> set[int]:
-        return {r["id"] for b in self.batches() for r in rows(b)}
-
     def replay(self) -> dict[int, tuple[Any, ...]]:
         """The mirror a position-ordered merge builds from everything landed (highest position wins)."""
         events = [r for b in self.batches() for r in rows(b)]  # batch order; sorted() is stable

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.landed import landed_ids
 from test_daemon_lifecycle import CDCD, WAIT_S, Daemon, create_orders, daemons, make_config, workload
 
 from cdcd.daemon.exitcodes import ExitCode
@@ -55,11 +56,6 @@ def metric(d: Daemon, name: str, table: str) -> float | None:
 
 def source_max_id(pg: PostgresServer, db: str) -> int:
     return int(pg.psql("SELECT max(id) FROM orders", db).strip())
-
-
-def landed_ids(landing: Path) -> set[int]:
-    return {r["id"] for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()
-            if r.get("id") is not None}
 
 
 @pytest.mark.slow

@@ -8,18 +8,13 @@ import signal
 import subprocess
 from pathlib import Path
 
+from support.landed import landed_ids
 from test_daemon_lifecycle import CDCD, WAIT_S, Daemon, create_orders, daemons, make_config
 
 from cdcd.daemon.exitcodes import ExitCode
-from cdcd.landing.reader import read_batches
 from devtools.servers import PostgresServer
 
 __all__ = ["daemons"]  # the fixture
-
-
-def landed_ids(landing: Path, table: str) -> set[int]:
-    return {r["id"] for b in read_batches(landing) for name, t in b.tables.items() if str(name) == table
-            for r in t.to_pylist() if r.get("id") is not None}
 
 
 def test_a_table_replaced_while_the_daemon_was_stopped_is_listed_at_start_until_its_snapshot(

@@ -39,9 +39,6 @@ class Setup(DaemonHarness):
     def sql(self, statement: str) -> str:
         return self.server.psql(statement, "app")
 
-    def landed_ids(self) -> set[int]:
-        return {r["id"] for b in self.batches() for r in rows(b)}
-
     def replay(self) -> dict[int, int]:
         events = [r for b in self.batches() for r in rows(b)]
         mirror: dict[int, int] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import DaemonHarness, rows
+from daemon_harness import DaemonHarness
 
 from cdcd.config import load_config
 from cdcd.verify import verify
@@ -32,9 +32,6 @@ class Setup(DaemonHarness):
                        "tables": ["public.t"], "sslmode": "disable"},
             "source.postgres": {"slot": f"s_{self.db}", "publication": f"p_{self.db}", "heartbeat_s": 0.5},
         }
-
-    def landed_ids(self) -> set[Any]:
-        return {r["id"] for b in self.batches() for r in rows(b)}
 
     def run_until_landed(self, sentinel: int, **extra: dict[str, Any]) -> None:
         """Start the daemon (ack = landed), insert ``sentinel`` and wait until it landed, then stop it."""

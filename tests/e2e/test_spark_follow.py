@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.waits import wait_for
 
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
 from cdcd.landing.reader import read_manifest
@@ -50,19 +50,6 @@ def land(landing: Path, seq: int, ids: range) -> None:
         await sink.close()
 
     asyncio.run(go())
-
-
-def wait_for(what: str, predicate: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path,
-             timeout: float = 240) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        if proc.poll() is not None:
-            pytest.fail(f"the consumer exited {proc.returncode} while waiting for {what}:\n{log.read_text()[-4000:]}")
-        time.sleep(0.3)
-    pytest.fail(f"no {what} within {timeout}s:\n{log.read_text()[-4000:]}")
 
 
 def get(url: str) -> tuple[int, str]:
@@ -112,14 +99,14 @@ def test_following_consumer_serves_metrics_and_health_and_logs_one_line_per_merg
                 return found if found.get(("cdcd_spark_applied_batch_seq", ())) == seq else None
             return check
 
-        wait_for("batch 2 applied", applied(2), proc, log)
-        wait_for("a following consumer", lambda: "following" in get(f"{base}/healthz")[1], proc, log)
+        wait_for("batch 2 applied", applied(2), 240, procs=proc, log=log)
+        wait_for("a following consumer", lambda: "following" in get(f"{base}/healthz")[1], 240, procs=proc, log=log)
         land(landing, 3, range(6, 10))  # lands while it follows: the stream picks it up
-        m = wait_for("batch 3 applied", applied(3), proc, log)
+        m = wait_for("batch 3 applied", applied(3), 240, procs=proc, log=log)
         assert get(f"{base}/healthz")[0] == 200
         table = (("table", "public.orders"),)
         assert m[("cdcd_spark_table_applied_batch_seq", table)] == 3
-        position = read_manifest(landing, 3)["last_position"]
+        position = read_manifest(landing, 3).last_position
         assert m[("cdcd_spark_table_position_info", (("position", position), *table))] == 1
         assert m[("cdcd_spark_batches_applied_total", ())] == 3
         assert m[("cdcd_spark_events_applied_total", ())] == 9
@@ -147,7 +134,7 @@ def test_failed_run_names_the_table_the_batch_and_the_fix_with_the_java_trace_on
     landing, target, cwd = tmp_path / "landing", tmp_path / "target", tmp_path / "cwd"
     cwd.mkdir()
     land(landing, 1, range(1, 4))
-    lost = landing / read_manifest(landing, 1)["files"][0]["path"]
+    lost = landing / read_manifest(landing, 1).files[0].path
     lost.unlink()  # as a retention shorter than the consumer's lag would, or an operator's rm
     outputs = {}
     for level in ("info", "debug"):

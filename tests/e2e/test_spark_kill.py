@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_harness import streamed_values
+from support.landed import landed_ids
+from support.waits import wait_for
 
 from cdcd.landing.reader import consumed_seqs, read_batches
 from cdcd.verify.mirror import read_table
@@ -34,17 +35,6 @@ def table_rows(target: Path, table: str, kind: str = "tables") -> list[dict[str,
     return found.to_pylist()  # type: ignore[no-any-return]
 
 
-def wait_for(what: str, predicate: Callable[[], Any], proc: subprocess.Popen[bytes], timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode} while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def spawn(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
     log = open(tmp_path / f"{args[0]}-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - owned by the child
     return subprocess.Popen([CDCD, *args], stdout=log, stderr=subprocess.STDOUT, env=os.environ)
@@ -53,12 +43,8 @@ def spawn(tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
 def runs(landing: Path) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for b in read_batches(landing):
-        out.setdefault(b.manifest["run_id"], []).append(b.seq)
+        out.setdefault(b.manifest.run_id, []).append(b.seq)
     return out
-
-
-def landed_ids(landing: Path) -> set[Any]:
-    return {r.get("id") for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()}
 
 
 def workload(pg: PostgresServer, db: str, base: int) -> None:
@@ -139,14 +125,14 @@ format = "json"
     try:
         workload(pg_server, pg_db, 10000)
         pg_server.psql("INSERT INTO orders VALUES (900001, 0, 'sentinel')", pg_db)
-        wait_for("first sentinel landed", lambda: 900001 in landed_ids(landing), daemon)
+        wait_for("first sentinel landed", lambda: 900001 in landed_ids(landing), 180, procs=daemon)
         daemon.kill()  # unacknowledged batches are landed again by the next run, under new seqs
         daemon.wait()
         workload(pg_server, pg_db, 20000)
         pg_server.psql("INSERT INTO orders VALUES (900002, 0, 'sentinel')", pg_db)
         daemon = spawn(tmp_path, "run", "-c", str(cfg))
         # streamed, not read by the resumed snapshot: then every change committed before it has landed
-        wait_for("second sentinel streamed", lambda: 900002 in streamed_values(landing), daemon)
+        wait_for("second sentinel streamed", lambda: 900002 in streamed_values(landing), 180, procs=daemon)
     finally:
         daemon.kill()
         daemon.wait()
@@ -162,7 +148,7 @@ format = "json"
         wait_for(
             "the second merge half done",
             lambda: set(first_run) <= set(consumed_seqs(landing)) and mid_merge(target, fmt, second_tables),
-            consumer,
+            180, procs=consumer, step=0.02,
         )
         consumer.send_signal(signal.SIGKILL)
         consumer.wait()

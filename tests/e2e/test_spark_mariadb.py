@@ -7,38 +7,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from daemon_harness import streamed_values
+from support.landed import landed_ids
+from support.waits import wait_for
 
-from cdcd.landing.reader import read_batches
 from cdcd.verify.mirror import read_table
 from devtools.servers import MariaDBServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 SERVER_ID = 7901  # unique among the replicas of the session's MariaDB
-
-
-def wait_for(what: str, predicate: Callable[[], Any], proc: subprocess.Popen[bytes], log: Path,
-             timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if proc.poll() is not None:
-            raise AssertionError(f"daemon exited with {proc.returncode} waiting for {what}:\n{log.read_text()[-3000:]}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{log.read_text()[-3000:]}"
-        time.sleep(0.1)
-
-
-def landed_ids(landing: Path) -> set[Any]:
-    return {r.get("id") for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()}
 
 
 def workload(maria: MariaDBServer, db: str, base: int) -> None:
@@ -103,13 +84,13 @@ format = "json"
         maria_server.sql("ALTER TABLE orders ADD COLUMN extra varchar(20);"
                          "UPDATE orders SET extra = 'x' WHERE id < 5;"
                          "INSERT INTO orders (id, extra) VALUES (9001, 'sentinel')", db)
-        wait_for("row 9001 landed", lambda: 9001 in landed_ids(landing), daemon, log)
+        wait_for("row 9001 landed", lambda: 9001 in landed_ids(landing), 120, procs=daemon, log=log)
         daemon.kill()  # SIGKILL: unacknowledged batches are landed again after the restart
         daemon.wait()
         workload(maria_server, db, 2000)
         maria_server.sql("INSERT INTO orders (id) VALUES (9002)", db)
         daemon, log = start(2)
-        wait_for("row 9002 streamed", lambda: 9002 in streamed_values(landing), daemon, log)
+        wait_for("row 9002 streamed", lambda: 9002 in streamed_values(landing), 120, procs=daemon, log=log)
     finally:
         daemon.kill()
         daemon.wait()

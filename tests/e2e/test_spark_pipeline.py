@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from daemon_harness import streamed_values
+from support.landed import landed_ids
 
 from cdcd.config import load_config
-from cdcd.landing.reader import read_batches
 from cdcd.verify import verify
 from cdcd.verify.mirror import read_table
 from devtools.servers import PostgresServer, free_port
@@ -54,10 +54,6 @@ format = "json"
 def start(cfg: Path) -> subprocess.Popen[bytes]:
     log = open(cfg.parent / f"daemon-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 - owned by the child
     return subprocess.Popen([CDCD, "run", "-c", str(cfg)], stdout=log, stderr=subprocess.STDOUT, env=os.environ)
-
-
-def landed_ids(landing: Path) -> set[Any]:
-    return {r.get("id") for b in read_batches(landing) for t in b.tables.values() for r in t.to_pylist()}
 
 
 def wait_landed(landing: Path, sentinel: int, proc: subprocess.Popen[bytes], streamed: bool = False) -> None:
