@@ -73,8 +73,6 @@ PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: Files that import each other in a loop today (issue 32 breaks them up); no other circle may appear.
 CIRCLE_EXCEPTIONS: set[frozenset[str]] = {
-    # the bulk reader takes the snapshot's column conversion, the snapshot the bulk reader
-    frozenset({"cdcd/sources/mysql/bulkread.py", "cdcd/sources/mysql/snapshot.py"}),
     # the covered-record deletion sits between the formats' apply (issue 32: one strategy per table format)
     frozenset({"cdcd/spark/covered.py", "cdcd/spark/lakehouse.py", "cdcd/spark/parquet.py"}),
 }

@@ -40,6 +40,7 @@ from pymysql.constants import FIELD_TYPE
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.events import TableSchema
 from cdcd.sources.mysql.failures import FATAL_CODES
+from cdcd.sources.mysql.rowarrays import column_array, zero_warning
 from cdcd.sources.mysql.tls import ClientTls
 from cdcd.sources.mysql.types import Converter
 
@@ -279,10 +280,8 @@ def _columns(raw: list[tuple[Any, ...]], kinds: list[pa.DataType | None]) -> lis
 
 def raw_rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: list[tuple[Any, ...]],
                       field_types: Sequence[int]) -> pa.Table:
-    """A group of raw rows -> the RowBlock's Arrow table, equal to ``snapshot.rows_to_table`` on the
+    """A group of raw rows -> the RowBlock's Arrow table, equal to ``rowarrays.rows_to_table`` on the
     aiomysql reader's driver rows."""
-    from cdcd.sources.mysql.snapshot import _zero_warning, column_array
-
     kinds = _column_kinds(schema, field_types)
     bulk = _columns(raw, kinds) if raw else [None] * len(kinds)
     arrays = []
@@ -306,7 +305,7 @@ def raw_rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: l
         driver = [_pymysql_value(v, ftype) for v in values]
         try:
             arrays.append(column_array(driver, col.type, conv,
-                                       functools.partial(_zero_warning, schema.table, col.name)))
+                                       functools.partial(zero_warning, schema.table, col.name)))
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise SourceFatal(f"snapshot of {schema.table}: column {col.name!r} ({col.source_type}): values do not "
                               f"fit Arrow type {col.type}: {exc}; the type mapping for this column is wrong") from exc

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,13 +41,12 @@ from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql import bulkread
 from cdcd.sources.mysql.connection import open_connection as open_connection
 from cdcd.sources.mysql.failures import query_error
+from cdcd.sources.mysql.rowarrays import rows_to_table
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
 from cdcd.sources.mysql.tls import ClientTls, Tls
 from cdcd.sources.mysql.types import (
     UNKNOWN_TYPE,
-    ZERO_DATE,
     Converter,
-    ZeroValue,
     arrow_type,
     is_float4,
     is_known_type,
@@ -531,52 +529,6 @@ def _concat_texts(texts: list[_Texts]) -> _Texts:
         return None
     return tuple(None if cols[0] is None else pa.concat_arrays(cols)
                  for cols in zip(*texts, strict=True))
-
-
-def column_array(values: Any, type_: pa.DataType, conv: Converter | None,
-                 on_zero: Callable[[ZeroValue], None] | None = None) -> pa.Array:
-    """One column's driver values → its landed Arrow array.
-
-    Most driver values are already what Arrow takes for the landed type (str for
-    text, bytes for binary, datetime for timestamps, Decimal for decimals), so the
-    whole column goes in one call; only when Arrow refuses a value (zero dates
-    as text, unsigned bigint overflow, invalid UTF-8...) does the converter run
-    on every value, giving exactly what the per-row path landed.
-    """
-    if conv is not None:
-        try:
-            return pa.array(values, type=type_)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            values = [None if v is None else _convert(conv, v, on_zero) for v in values]
-    return pa.array(values, type=type_)
-
-
-def _convert(conv: Converter, v: Any, on_zero: Callable[[ZeroValue], None] | None) -> Any:
-    try:
-        return conv(v)
-    except ZeroValue as exc:  # a zero date: NULL (the stream lands it the same way), warned once per column
-        if on_zero is not None:
-            on_zero(exc)
-        return None
-
-
-def rows_to_table(schema: TableSchema, convs: list[Converter | None], raw: Any) -> pa.Table:
-    """A chunk of driver rows (tuples in ``schema`` column order) → the RowBlock's Arrow table."""
-    columns = list(zip(*raw, strict=True)) if raw else [() for _ in schema.columns]
-    arrays = []
-    for col, values, conv in zip(schema.columns, columns, convs, strict=True):
-        try:
-            arrays.append(column_array(values, col.type, conv, functools.partial(_zero_warning, schema.table,
-                                                                                  col.name)))
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-            # the row path failed the same way in the sink; here the column is known
-            raise SourceFatal(f"snapshot of {schema.table}: column {col.name!r} ({col.source_type}): values do not "
-                              f"fit Arrow type {col.type}: {exc}; the type mapping for this column is wrong") from exc
-    return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, c.type) for c in schema.columns]))
-
-
-def _zero_warning(table: TableId, column: str, exc: ZeroValue) -> None:
-    warn_once(table, column, ZERO_DATE, error=str(exc))
 
 
 def _after_clause(pk: tuple[str, ...], key_types: list[str], after: tuple[Any, ...] | None) -> tuple[str, list[Any]]:
