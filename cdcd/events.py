@@ -392,7 +392,7 @@ class MarkKind(enum.StrEnum):
     # a whole-table incremental snapshot is complete: the table's landed rows below ``detail["below"]`` (the first
     # chunk's low watermark) that nothing re-sent are gone from the source (docs/landing-format.md)
     SNAPSHOT_COVERED = "snapshot_covered"
-    # incremental snapshots while streaming (cdcd/capture/incremental.py; the source's fold keeps their progress)
+    # incremental snapshots while streaming (cdcd/capture/incremental/; the source's fold keeps their progress)
     INCREMENTAL_START = "incremental_start"  # a table's incremental snapshot begins (detail: table, where)
     INCREMENTAL_CHUNK = "incremental_chunk"  # a chunk's rows are delivered (table, last_key, rows, lw)
     INCREMENTAL_DONE = "incremental_done"  # the table's last chunk is delivered (table)

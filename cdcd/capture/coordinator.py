@@ -14,7 +14,7 @@ runs them in that order and owns what is the same for every source:
 * the skip rule after a reconnect: a stream re-read from an earlier point re-sends items; every item at or before
   the last delivered position is dropped (identity marks excepted: they describe the new connection); a
   ``ChangeBlock`` that reaches past that position keeps its rows above it;
-* incremental snapshots (``incremental.py``): while the stream runs, a task reads chunks between watermarks and
+* incremental snapshots (``incremental/``): while the stream runs, a task reads chunks between watermarks and
   the stream loop delivers each chunk's unsuperseded rows when the stream reaches the chunk's high watermark.
 
 The runtime's own rule (streamed rows at or before the checkpoint are dropped and counted as ``events_skipped``)

@@ -13,7 +13,7 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "tables_needing_snapshot": {"db.t": "DROP TABLE at ..."}}  # replaced tables, until a re-snapshot ends
 
 Incremental snapshots keep ``tables``, ``incremental`` and ``incremental_queued`` too
-(``cdcd/capture/incremental.py``, ``fold_incremental``).
+(``cdcd/capture/incremental/state.py``, ``fold_incremental``).
 
 ``server`` is the identity of the server the positions belong to and their
 epoch (``identity.py``): a failover to another server with the checkpoint's

@@ -67,7 +67,7 @@ class PostgresSource(Source):
         self._stream = PgStream(self._t, self._slot, self._publication, src.postgres.heartbeat_s, self._coord,
                                 self._identity_on_connect, InProgress(spool_dir(config.state.path)),
                                 src.postgres.stream_in_progress)
-        # Incremental snapshots while streaming (cdcd/capture/incremental.py): PostgreSQL's chunk reads.
+        # Incremental snapshots while streaming (cdcd/capture/incremental/): PostgreSQL's chunk reads.
         self._chunks = PgChunkReader(self._t, config.runtime.source_read_timeout_s)
         self._chunks.open_tx_limit_s = config.source.postgres.open_transactions_wait_s
         self._incr = self._coord.incremental

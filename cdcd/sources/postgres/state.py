@@ -10,7 +10,7 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "system": {"systemid": "7301...", "timeline": 1},   # the server's IDENTIFY_SYSTEM (identity.py)
      "tables": ["public.t"],           # the captured tables (a restart snapshots the ones source.tables gained)
      "oids": {"public.t": 16384},      # each captured table's relation OID: a restart compares it with the catalog
-     "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental.py, fold_incremental)
+     "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental/state.py)
      "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."}}  # until a re-snapshot ends
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
