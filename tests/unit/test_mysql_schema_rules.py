@@ -8,9 +8,10 @@ import pytest
 from cdcd.errors import CheckpointFatal
 from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition
+from cdcd.sources.mysql.ddl import apply_alter, parse_ddl
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate
-from cdcd.sources.mysql.schema import SchemaHistory, apply_alter, parse_ddl, schema_to_json
-from cdcd.sources.mysql.snapshot import parse_binlog_status, parse_snapshot_status
+from cdcd.sources.mysql.queries import parse_binlog_status, parse_snapshot_status
+from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
 from cdcd.sources.mysql.state import MySqlState, TableProgress, fold_state
 from cdcd.sources.mysql.types import arrow_type
 

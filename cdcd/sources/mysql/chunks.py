@@ -44,17 +44,17 @@ from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.connection import open_connection
 from cdcd.sources.mysql.failures import FATAL_CODES, code_of
 from cdcd.sources.mysql.gtid import GtidSet, parse_gtid_set
-from cdcd.sources.mysql.server import MySqlServer
-from cdcd.sources.mysql.snapshot import (
+from cdcd.sources.mysql.queries import (
     Watermark,
-    _after_clause,
-    _ChunkReader,
-    _select_expr,
+    after_clause,
     load_table_schema,
     parse_binlog_status,
     parse_snapshot_status,
     quote_ident,
+    select_expr,
 )
+from cdcd.sources.mysql.server import MySqlServer
+from cdcd.sources.mysql.snapshot import _ChunkReader
 from cdcd.sources.mysql.stream import MySqlStream
 from cdcd.sources.mysql.types import is_temporal_key, key_from_json, key_to_json, snapshot_converter
 from cdcd.sources.mysql.watermarks import Strategy, binlog_status_statement, choose_strategy, covers
@@ -119,14 +119,14 @@ class MyChunkReader:
         schema = src.history.latest(job.table) or loaded
         names = schema.column_names
         convs = [snapshot_converter(c.source_type) for c in schema.columns]
-        select = f"SELECT {', '.join(_select_expr(c) for c in schema.columns)} FROM " \
+        select = f"SELECT {', '.join(select_expr(c) for c in schema.columns)} FROM " \
                  f"{quote_ident(job.table.schema)}.{quote_ident(job.table.name)}"
         key_types = [schema.column(k).source_type for k in pk]
         after = None
         if job.last_key is not None:
             by_name = dict(zip(schema.key, key_from_json(job.last_key), strict=True))
             after = tuple(by_name[k] for k in pk)
-        where, params = _after_clause(pk, key_types, after)
+        where, params = after_clause(pk, key_types, after)
         if job.where:
             # the query is formatted with its parameters (pymysql's %s): a literal % of the condition is %%
             cond = job.where.replace("%", "%%")

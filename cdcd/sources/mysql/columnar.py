@@ -32,7 +32,8 @@ import pyarrow as pa
 from cdcd.errors import SourceFatal
 from cdcd.events import BEFORE_FULL, BEFORE_NONE, ChangeBlock, TableSchema
 from cdcd.positions import MySqlPosition
-from cdcd.sources.mysql.rowimage import FORM_MICROS, FORM_UNSCALED, FORM_UTF8, TableDecoder
+from cdcd.sources.mysql.rowcolumns import FORM_MICROS, FORM_UNSCALED, FORM_UTF8
+from cdcd.sources.mysql.rowimage import TableDecoder
 from cdcd.sources.mysql.types import ZERO_DATE, Converter, ZeroValue, _stream_timestamp, _to_str, warn_once
 
 #: A block is cut at this many rows or row-image bytes: bounds what a block holds while it is gathered and

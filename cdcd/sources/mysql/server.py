@@ -34,8 +34,8 @@ from cdcd.sources.mysql.identity import (
     parse_event_gtid,
 )
 from cdcd.sources.mysql.plan import LOST_FIX
+from cdcd.sources.mysql.queries import Watermark, parse_binlog_status
 from cdcd.sources.mysql.schema import SchemaHistory
-from cdcd.sources.mysql.snapshot import Watermark, parse_binlog_status
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.watermarks import binlog_status_statement
 

@@ -29,6 +29,7 @@ from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import StartPoint
 from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
+from cdcd.sources.mysql.ddl import parse_ddl
 from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of, query_error
 from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import (
@@ -37,9 +38,10 @@ from cdcd.sources.mysql.identity import (
 )
 from cdcd.sources.mysql.plan import Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
-from cdcd.sources.mysql.schema import SchemaHistory, parse_ddl
+from cdcd.sources.mysql.queries import quote_ident
+from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.server import MySqlServer
-from cdcd.sources.mysql.snapshot import SnapshotTask, quote_ident
+from cdcd.sources.mysql.snapshot import SnapshotTask
 from cdcd.sources.mysql.state import MySqlState, fold_state
 from cdcd.sources.mysql.stream import MySqlSnapshot, MySqlStream
 from cdcd.sources.mysql.tls import TlsError
@@ -90,7 +92,7 @@ class MySqlSource(Source):
         self.server = MySqlServer(config, self.conn)
         self._coord = CaptureCoordinator(config, log, where=f"{config.source.kind} {self.conn.where}")
         self._stream = MySqlStream(self.server, self._coord, self.tables, None)
-        # Incremental snapshots while streaming (cdcd/capture/incremental/): the chunk reads.
+        # Incremental snapshots while streaming (cdcd/capture/incremental.py): the chunk reads.
         self._chunks = MyChunkReader(self.server, self._stream, self._coord)
         self._incr = self._coord.incremental
         self._incr.last = self._stream.last_position

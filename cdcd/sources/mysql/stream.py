@@ -31,8 +31,9 @@ from cdcd.sources.mysql.binlog import STALL_S, BinlogReader, Channel, StartPoint
 from cdcd.sources.mysql.columnar import build_blocks
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.identity import PurgedFile, judge, same_server
+from cdcd.sources.mysql.queries import load_table_schema
 from cdcd.sources.mysql.server import MySqlServer
-from cdcd.sources.mysql.snapshot import SnapshotTask, Snapshotter, load_table_schema
+from cdcd.sources.mysql.snapshot import SnapshotTask, Snapshotter
 
 log = structlog.get_logger("cdcd.source.mysql")
 

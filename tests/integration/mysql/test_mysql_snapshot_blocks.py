@@ -12,7 +12,8 @@ from test_mysql_types_roundtrip import DDL, ROWS
 from cdcd.config import Config
 from cdcd.events import ChangeEvent, Mark, RowBlock, TableSchema
 from cdcd.sources.mysql import MySqlSource
-from cdcd.sources.mysql.snapshot import open_connection, quote_ident
+from cdcd.sources.mysql.connection import open_connection
+from cdcd.sources.mysql.queries import quote_ident
 from cdcd.sources.mysql.types import snapshot_converter
 
 
