@@ -8,11 +8,11 @@ import pytest
 
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres.columnar import BlockBuilder
-from cdcd.sources.postgres.pgoutput import Relation, RelationColumn, decode
-from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.shape import RowDecoder, Warnings, shape_from_relation
 from cdcd.sources.postgres.stream import PgStream
 from cdcd.sources.postgres.types import TypeRegistry
+from cdcd.sources.postgres.wire.pgoutput import Relation, RelationColumn, decode
+from cdcd.sources.postgres.wire.protocol import ProtocolError
 
 # the key is the flagged identity column (REPLICA IDENTITY DEFAULT); 'O' old rows are read all the same
 REL = Relation(7, "public", "t", "d", (RelationColumn("id", 23, -1, True), RelationColumn("a", 25, -1, False),

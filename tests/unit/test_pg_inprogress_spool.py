@@ -9,10 +9,10 @@ import pytest
 
 from cdcd.errors import SourceError
 from cdcd.sources.postgres import inprogress as ip
-from cdcd.sources.postgres import pgoutput as po
-from cdcd.sources.postgres.protocol import ProtocolError
-from cdcd.sources.postgres.replication import server_major
 from cdcd.sources.postgres.stream import STREAMING_SINCE
+from cdcd.sources.postgres.wire import pgoutput as po
+from cdcd.sources.postgres.wire.protocol import ProtocolError
+from cdcd.sources.postgres.wire.replication import server_major
 
 TS = 784_000_000_123_456  # microseconds since 2000-01-01
 

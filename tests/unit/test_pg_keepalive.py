@@ -8,8 +8,8 @@ import struct
 from types import SimpleNamespace
 from typing import Any
 
-from cdcd.sources.postgres import protocol as p
-from cdcd.sources.postgres.replication import ReplicationConnection
+from cdcd.sources.postgres.wire import protocol as p
+from cdcd.sources.postgres.wire.replication import ReplicationConnection
 
 
 def _xlog(start: int, end: int, data: bytes) -> bytes:

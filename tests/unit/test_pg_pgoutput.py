@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cdcd.sources.postgres import pgoutput as po
-from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.shape import RowDecoder, Warnings, shape_from_relation
 from cdcd.sources.postgres.types import PgType, TypeRegistry
+from cdcd.sources.postgres.wire import pgoutput as po
+from cdcd.sources.postgres.wire.protocol import ProtocolError
 
 # pg_logical_slot_peek_binary_changes output (hex) for, in order:
 #   INSERT (1, -12.5, {a,NULL,"b c"}, happy, repeat(x, 3000) stored EXTERNAL, 2024-01-02 03:04:05.123456+02)

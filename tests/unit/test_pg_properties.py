@@ -7,8 +7,8 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdcd.sources.postgres import protocol as p
 from cdcd.sources.postgres.types import parse_array
+from cdcd.sources.postgres.wire import protocol as p
 
 
 def _array_out(value: list[object]) -> str:

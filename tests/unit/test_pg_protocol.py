@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from cdcd.sources.postgres import protocol as p
+from cdcd.sources.postgres.wire import protocol as p
 
 
 def test_scram_rfc7677_vector() -> None:
@@ -92,7 +92,7 @@ def test_backend_message_parsers() -> None:
 
 
 def test_duration_settings() -> None:
-    from cdcd.sources.postgres.replication import parse_duration_s
+    from cdcd.sources.postgres.wire.replication import parse_duration_s
 
     assert parse_duration_s("60s") == 60 and parse_duration_s("1min") == 60 and parse_duration_s("0") == 0
     assert parse_duration_s("500ms") == 0.5 and parse_duration_s("2h") == 7200

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdcd.sources.postgres import protocol as p
-from cdcd.sources.postgres.replication import ReplicationConnection
+from cdcd.sources.postgres.wire import protocol as p
+from cdcd.sources.postgres.wire.replication import ReplicationConnection
 
 
 def _xlog(start: int, end: int, data: bytes) -> bytes:

@@ -43,7 +43,7 @@ from cdcd.positions import PgPosition
 from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import escaped_literal, quote_ident, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
-from cdcd.sources.postgres.stream import PgTables
+from cdcd.sources.postgres.tables import PgTables
 from cdcd.sources.postgres.types import key_text
 
 log = structlog.get_logger("cdcd.source.postgres")

@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 from cdcd.events import BEFORE_FULL, BEFORE_KEY, ChangeBlock
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres.copytext import CopyDecoder
-from cdcd.sources.postgres.protocol import ProtocolError
 from cdcd.sources.postgres.shape import TableShape, Warnings
+from cdcd.sources.postgres.wire.protocol import ProtocolError
 
 _I, _U, _D = ord("I"), ord("U"), ord("D")
 _N, _K, _O = ord("N"), ord("K"), ord("O")

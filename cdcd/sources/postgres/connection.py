@@ -4,7 +4,7 @@
 database, password, TLS per ``source.sslmode``/``source.sslrootcert``,
 timeouts); ``ssl_context`` gives libpq's meaning of ``sslmode`` to both the
 asyncpg connections (``connect_sql``) and the replication connection
-(``replication.py``).
+(``wire/replication.py``).
 """
 
 from __future__ import annotations

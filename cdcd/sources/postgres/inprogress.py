@@ -34,8 +34,8 @@ from typing import Any, BinaryIO
 
 from cdcd.errors import SourceError
 from cdcd.fsutil import storage_fix
-from cdcd.sources.postgres import pgoutput
-from cdcd.sources.postgres.protocol import ProtocolError
+from cdcd.sources.postgres.wire import pgoutput
+from cdcd.sources.postgres.wire.protocol import ProtocolError
 
 #: The spool directory's name under ``state.path``.
 SPOOL_DIR = "pg-inprogress"

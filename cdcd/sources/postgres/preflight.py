@@ -9,7 +9,7 @@ from cdcd.errors import SourceError
 from cdcd.events import TableId
 from cdcd.runtime.interfaces import CheckResult
 from cdcd.sources.postgres import catalog
-from cdcd.sources.postgres.replication import ConnectParams, ReplicationConnection
+from cdcd.sources.postgres.wire.replication import ConnectParams, ReplicationConnection
 
 
 async def run_preflight(params: ConnectParams, tables: list[TableId], slot: str, publication: str) -> list[CheckResult]:

@@ -15,8 +15,8 @@ import structlog
 
 from cdcd.events import Column, TableId, TableSchema
 from cdcd.sources.postgres.catalog import TableInfo
-from cdcd.sources.postgres.pgoutput import UNCHANGED_TOAST, Relation, TupleValue
 from cdcd.sources.postgres.types import ColumnType, TypeRegistry, Unrepresentable
+from cdcd.sources.postgres.wire.pgoutput import UNCHANGED_TOAST, Relation, TupleValue
 
 log = structlog.get_logger("cdcd.source.postgres")
 

@@ -40,9 +40,9 @@ from cdcd.positions import PgPosition, Position, parse_lsn
 from cdcd.sources.postgres import bulkread
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, keyset_query, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
-from cdcd.sources.postgres.replication import ConnectParams
 from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
 from cdcd.sources.postgres.types import Unrepresentable
+from cdcd.sources.postgres.wire.replication import ConnectParams
 
 _DONE = object()
 #: Landed types whose ±infinity is clamped (and warned about): read as text on the row path.

@@ -31,10 +31,11 @@ from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, check_slot, decide
-from cdcd.sources.postgres.replication import ReplicationConnection
 from cdcd.sources.postgres.shape import shape_from_info, warn_unknown
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
-from cdcd.sources.postgres.stream import PgStream, PgTables, replaced_why
+from cdcd.sources.postgres.stream import PgStream
+from cdcd.sources.postgres.tables import PgTables, replaced_why
+from cdcd.sources.postgres.wire.replication import ReplicationConnection
 
 if TYPE_CHECKING:  # the snapshot reader (numpy, pyarrow.compute) is loaded when a snapshot is due
     from cdcd.sources.postgres.snapshot import SnapshotReader, SnapshotTable

@@ -1,29 +1,21 @@
 """The PostgreSQL stream reader: pgoutput over a replication connection, as the capture coordinator runs it.
 
-``PgTables`` is what the planner, the snapshot and the stream share about the captured tables (catalog
-facts, Arrow shapes, the type registry, the catalog connection). ``PgStream`` connects, starts replication
-from the slot, decodes pgoutput into items and sends heartbeats; reconnects, backoff and the skip rule are
-the coordinator's (``cdcd/capture/coordinator.py``).
+``PgStream`` connects, starts replication from the slot, decodes pgoutput into items and sends heartbeats;
+reconnects, backoff and the skip rule are the coordinator's (``cdcd/capture/coordinator.py``). What it knows of
+the captured tables is the source's ``PgTables`` (``tables.py``), shared with the planner and the snapshot.
 
-Row changes go out as ``ChangeBlock``s (``columnar.py``): the consecutive row messages of one relation inside
-one transaction, cut at any other message (Begin, Commit, Relation, Truncate, ...), at a row of another
-relation and at ``BLOCK_ROWS`` rows or ``BLOCK_BYTES`` bytes. A block may span socket reads: the server sends
-a transaction's changes after its commit (protocol 1) or cdcd replays it from its spool (protocol 2), so
-its Commit follows its rows without waiting for the source, and a block per read would be a few dozen wide
-rows, too few for the per-column work to pay. The other way round, the blocks of many small transactions
-of one read are converted together (``_Pending``) and go out as slices, one per transaction.
-``columnar=False`` keeps the row path (one ``ChangeEvent`` per row): the differential tests compare the two.
+Row changes go out as ``ChangeBlock``s (``columnar.py``), cut and batched as ``blocks.py`` says: the
+consecutive row messages of one relation inside one transaction, the blocks of one socket read converted
+together. ``columnar=False`` keeps the row path (one ``ChangeEvent`` per row): the differential tests compare
+the two.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import operator
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -34,24 +26,17 @@ from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.errors import PositionLost, SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId
 from cdcd.positions import PgPosition, Position, format_lsn
-from cdcd.sources.postgres import catalog, pgoutput
-from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX, TableInfo
+from cdcd.sources.postgres import catalog
+from cdcd.sources.postgres.blocks import ROW_TAGS, Blocks, segments
+from cdcd.sources.postgres.catalog import HEARTBEAT_PREFIX
 from cdcd.sources.postgres.columnar import BlockBuilder
-from cdcd.sources.postgres.connection import ConnectParams
 from cdcd.sources.postgres.inprogress import InProgress
 from cdcd.sources.postgres.plan import slot_gone_message
-from cdcd.sources.postgres.protocol import ProtocolError
-from cdcd.sources.postgres.replication import PgServerError, ReplicationConnection
-from cdcd.sources.postgres.shape import (
-    RowDecoder,
-    TableShape,
-    Warnings,
-    same_columns,
-    shape_from_info,
-    shape_from_relation,
-    warn_unknown,
-)
-from cdcd.sources.postgres.types import TypeRegistry
+from cdcd.sources.postgres.shape import RowDecoder
+from cdcd.sources.postgres.tables import PgTables, replaced_why
+from cdcd.sources.postgres.wire import pgoutput
+from cdcd.sources.postgres.wire.protocol import ProtocolError
+from cdcd.sources.postgres.wire.replication import PgServerError, ReplicationConnection
 
 log = structlog.get_logger("cdcd.source.postgres")
 
@@ -59,176 +44,6 @@ STATUS_INTERVAL_S = 5.0
 #: The first major version whose pgoutput streams in-progress transactions (protocol 2).
 STREAMING_SINCE = 14
 REPLACED_CHECK_S = 5.0  # how often the captured tables' relation OIDs are compared with the decoded ones
-#: A ChangeBlock is cut at this many rows or wire bytes: bounds the memory a block holds while it is gathered
-#: and converted (about three times its wire bytes at the peak: the joined messages, the Arrow columns, the
-#: landed table), and is still enough rows for the per-column work to pay (700 rows of 1.5 kB).
-BLOCK_ROWS = 8192
-BLOCK_BYTES = 1 << 20
-#: How long decoded rows may wait for the next socket reads, which then share their conversion: with small
-#: transactions arriving one per read, a conversion per transaction is most of the event loop's time.
-HOLD_S = 0.002
-_ROW_TAGS = frozenset(b"IUD")
-_ROW_RUN = re.compile(rb"[IUD]+")
-_TAG = operator.itemgetter(0)
-_OID_BYTES = operator.itemgetter(slice(1, 5))
-_UNPACK_OID = pgoutput._I.unpack_from
-
-
-def _segments(chunk: list[bytes]) -> list[tuple[bool, list[bytes]]]:
-    """``chunk`` cut into runs of row messages (True) and the messages between them (False), in order."""
-    tags = bytes(map(_TAG, chunk))
-    out: list[tuple[bool, list[bytes]]] = []
-    at = 0
-    for run in _ROW_RUN.finditer(tags):
-        a, b = run.span()
-        if a > at:
-            out.append((False, chunk[at:a]))
-        out.append((True, chunk[a:b]))
-        at = b
-    if at < len(chunk):
-        out.append((False, chunk[at:]))
-    return out
-
-
-def _bulk_run(part: list[bytes], builders: dict[int, BlockBuilder | None], block: BlockBuilder | None,
-              rows: int, size: int) -> tuple[BlockBuilder | None, bool, int] | None:
-    """A run of row messages taken whole: its table's builder (None: not captured), whether its first row cuts
-    the open run (``block``, with ``rows`` rows of ``size`` wire bytes), its wire bytes. None when it spans
-    tables or the open run would be cut inside it: the caller then takes it message by message, with the same
-    cuts (``BLOCK_ROWS``, ``BLOCK_BYTES``) either way."""
-    if len(set(map(_OID_BYTES, part))) != 1:
-        return None
-    (oid,) = _UNPACK_OID(part[0], 1)
-    builder = builders.get(oid)
-    cut = builder is not block or size >= BLOCK_BYTES or rows >= BLOCK_ROWS
-    if builder is None:
-        return None, cut, 0
-    total = sum(map(len, part))
-    held, had = (0, 0) if cut else (size, rows)
-    if held + total - len(part[-1]) >= BLOCK_BYTES or had + len(part) - 1 >= BLOCK_ROWS:
-        return None
-    return builder, cut, total
-
-
-@dataclass(slots=True)
-class _Run:
-    """Consecutive row messages of one relation in one transaction, waiting in their builder."""
-
-    builder: BlockBuilder
-    rows: int
-    start: PgPosition
-    tx_id: str | None
-    commit_ts: datetime | None
-
-
-class _Pending:
-    """The items decoded from one socket read, in order, until they go out together.
-
-    Each run of row messages becomes a ``ChangeBlock`` of its own (one transaction, as the runtime's skip
-    rule and the landing's metadata columns expect), but the conversion runs once per builder for all its
-    runs, and the block of each run is a zero-copy slice of that. At 400 commits of 50 rows per second, one
-    per socket read, a build per transaction kept the event loop busy (profiled: 85% of its time in
-    ``BlockBuilder.build``), so runs wait up to ``HOLD_S`` for the reads after them.
-    """
-
-    __slots__ = ("due", "items", "rows", "runs", "size")
-
-    def __init__(self) -> None:
-        self.items: list[Item | _Run] = []
-        self.runs = 0
-        self.rows = 0
-        self.size = 0
-        self.due = 0.0  # ``time.monotonic()`` by which the first run goes out
-
-    def add(self, item: Item) -> None:
-        self.items.append(item)
-
-    def run(self, builder: BlockBuilder, rows: int, size: int, start: PgPosition, tx_id: str | None,
-            commit_ts: datetime | None) -> None:
-        if not self.runs:
-            self.due = time.monotonic() + HOLD_S
-        self.items.append(_Run(builder, rows, start, tx_id, commit_ts))
-        self.runs += 1
-        self.rows += rows
-        self.size += size
-
-    def full(self) -> bool:
-        """Bounds what the runs hold in their builders, as the open run's cuts do."""
-        return self.rows >= BLOCK_ROWS or self.size >= BLOCK_BYTES
-
-    def flush(self) -> list[Item]:
-        items, self.items, self.runs, self.rows, self.size = self.items, [], 0, 0, 0
-        runs = [r for r in items if type(r) is _Run]
-        if not runs:
-            return items  # type: ignore[return-value]
-        counts: dict[BlockBuilder, int] = {}
-        for r in runs:
-            counts[r.builder] = counts.get(r.builder, 0) + r.rows
-        built = {b: b.build(PgPosition(0, 0), None, None, n) for b, n in counts.items()}
-        offsets = dict.fromkeys(counts, 0)
-        out: list[Item] = []
-        for item in items:
-            if type(item) is not _Run:
-                out.append(item)  # type: ignore[arg-type]
-                continue
-            whole = built[item.builder]
-            at = offsets[item.builder]
-            offsets[item.builder] = at + item.rows
-            part = whole if item.rows == whole.rows else whole.slice(at, item.rows)
-            part.start, part.tx_id, part.commit_ts = item.start, item.tx_id, item.commit_ts
-            out.append(part)
-        return out
-
-
-@dataclass
-class PgTables:
-    """The captured tables as the source knows them: shared by the planner, the snapshot and the stream."""
-
-    params: ConnectParams
-    tables: list[TableId]
-    registry: TypeRegistry = field(default_factory=TypeRegistry)
-    warnings: Warnings = field(default_factory=Warnings)
-    infos: dict[TableId, TableInfo] = field(default_factory=dict)
-    shapes: dict[TableId, TableShape] = field(default_factory=dict)
-    sql: Any = None  # the catalog connection (asyncpg)
-
-    async def load(self, absent_ok: frozenset[TableId] = frozenset()) -> list[TableId]:
-        """Catalog facts, types and shapes of every table (``sql`` must be open). A table of ``absent_ok`` (one the
-        checkpoint captured) may be gone: returned, not loaded, for the caller to flag; any other is an error."""
-        absent: list[TableId] = []
-        for t in self.tables:
-            try:
-                self.infos[t] = await catalog.table_info(self.sql, t)
-            except SourceFatal:
-                if t not in absent_ok:
-                    raise
-                absent.append(t)
-                self.infos.pop(t, None)  # what an earlier connect of this process loaded is gone now
-                self.shapes.pop(t, None)
-        oids = {c.type_oid for info in self.infos.values() for c in info.columns}
-        await catalog.load_types(self.sql, self.registry, oids)
-        for t, info in self.infos.items():
-            self.shapes[t] = shape_from_info(info, self.registry)
-            warn_unknown(self.shapes[t], self.warnings)
-        return absent
-
-    def oids(self) -> dict[str, int]:
-        """Each loaded table's relation OID, as the checkpoint keeps them (``state.py``, ``"oids"``)."""
-        return {str(t): info.oid for t, info in self.infos.items() if t in self.tables}
-
-    async def ensure_sql(self) -> Any:
-        if self.sql is None or self.sql.is_closed():
-            self.sql = await catalog.connect_sql(self.params)
-        return self.sql
-
-
-def replaced_why(publication: str, old: int, new: int | None) -> str:
-    """Why a captured table whose relation OID was ``old`` needs a re-snapshot (``new``: its OID now, None: gone).
-    The heartbeat's check and the check at connect (``source.py``) say the same."""
-    if new is None:
-        return f"it was dropped (relation OID {old} is gone), so publication {publication!r} no longer covers it"
-    return (f"it was dropped and re-created (relation OID {old} is now {new}), so publication {publication!r} no "
-            "longer covers it")
 
 
 class PgStream:
@@ -345,100 +160,40 @@ class PgStream:
                 yield []  # the read went to the spool whole: the reader may still take the keepalive after it
 
     async def _decode(self, wire: AsyncIterator[list[bytes]]) -> AsyncIterator[Item]:
+        """The items of the socket reads: row messages gathered into blocks (``blocks.py``; ``columnar=False``:
+        one ``ChangeEvent`` per row), the other messages decoded one by one (``_message``)."""
         relations = pgoutput.RelationCache()
         decoders: dict[int, RowDecoder | None] = {}
-        builders: dict[int, BlockBuilder | None] = {}
+        at = Blocks(self.flush_lsn)
+        builders, out = at.builders, at.pending
         columnar = self.columnar
-        commit_lsn = 0
-        seq = 0
-        xid: str | None = None
-        commit_ts: datetime | None = None
         decode = pgoutput.decode
-        row_tags = _ROW_TAGS
-        unpack_oid = pgoutput._I.unpack_from
-        out = _Pending()
-        # the run of row messages being gathered: its builder, the seq of its first row, its rows and wire bytes
-        block: BlockBuilder | None = None
-        first = rows = size = 0
+        row_tags = ROW_TAGS
         generation = self._generation
-        # Between transactions (no Begin without its Commit yet), and the highest WAL position an item took: a
-        # keepalive's position becomes a mark only beyond it (``_keepalive``).
-        in_tx = False
-        reached = self.flush_lsn
         async for chunk in wire:
             if generation != self._generation:  # a reload changed the captured tables (``capture``)
                 generation = self._generation
                 await self._recapture(relations, decoders, builders)
-            for is_rows, part in _segments(chunk) if columnar else ((False, chunk),):
-                if is_rows:  # a run of row messages: in bulk when it is one table's and no cut falls inside it
-                    bulk = _bulk_run(part, builders, block, rows, size)
-                    if bulk is not None:
-                        builder, cut, total = bulk
-                        if cut:  # as the message-by-message path below cuts at the run's first row
-                            if block is not None and rows:
-                                out.run(block, rows, size, PgPosition(commit_lsn, first), xid, commit_ts)
-                            block, first, rows, size = builder, seq + 1, 0, 0
-                        if builder is not None:
-                            builder.add_all(part)
-                            rows += len(part)
-                            size += total
-                        seq += len(part)
-                        if out.full():
+            for is_rows, part in segments(chunk) if columnar else ((False, chunk),):
+                if is_rows and at.take_run(part):  # in bulk: one table's rows and no cut inside the run
+                    if out.full():
+                        for item in out.flush():
+                            yield item
+                    continue
+                for data in part:
+                    if columnar and data[0] in row_tags:
+                        if at.add_row(data):
                             for item in out.flush():
                                 yield item
                         continue
-                for data in part:
-                    if columnar and data[0] in row_tags:
-                        seq += 1
-                        (oid,) = unpack_oid(data, 1)
-                        builder = builders.get(oid)
-                        if builder is not block or size >= BLOCK_BYTES or rows >= BLOCK_ROWS:
-                            if block is not None and rows:
-                                out.run(block, rows, size, PgPosition(commit_lsn, first), xid, commit_ts)
-                                if out.full():
-                                    for item in out.flush():
-                                        yield item
-                            block, first, rows, size = builder, seq, 0, 0
-                        if builder is not None:  # None: a table not captured (a seq gap: the next row opens a run)
-                            builder.add(data)
-                            rows += 1
-                            size += len(data)
-                        continue
-                    if block is not None:
-                        if rows:
-                            out.run(block, rows, size, PgPosition(commit_lsn, first), xid, commit_ts)
-                        block, rows = None, 0
+                    at.end_run()
                     msg = decode(data)
-                    if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
-                        seq += 1
-                        dec = decoders.get(msg.relation)
-                        if dec is not None:
-                            out.add(self._row_event(msg, dec, PgPosition(commit_lsn, seq), xid, commit_ts))
-                    elif isinstance(msg, pgoutput.Begin):
-                        commit_lsn, seq, xid, commit_ts = msg.final_lsn, 0, str(msg.xid), msg.commit_ts
-                        in_tx = True
-                        reached = max(reached, commit_lsn)
-                        self.lag_ms = max(0.0, (time.time() - msg.commit_ts.timestamp()) * 1000)
-                    elif isinstance(msg, pgoutput.Commit):
-                        seq += 1
-                        out.add(Mark(MarkKind.COMMIT, PgPosition(commit_lsn, seq),
-                                     {"lsn": format_lsn(commit_lsn), "end_lsn": format_lsn(msg.end_lsn)}))
-                        in_tx = False
-                    elif isinstance(msg, pgoutput.Relation):
+                    if isinstance(msg, pgoutput.Relation):
                         relations.add(msg)
                         dec = decoders[msg.oid] = await self._relation(msg)
                         builders[msg.oid] = None if dec is None else BlockBuilder(dec.shape, self._tables.warnings)
-                    elif isinstance(msg, pgoutput.Truncate):
-                        for oid in msg.relations:
-                            seq += 1
-                            dec = decoders.get(oid)
-                            if dec is not None:
-                                out.add(ChangeEvent(Op.TRUNCATE, dec.shape.schema, PgPosition(commit_lsn, seq),
-                                                    tx_id=xid, commit_ts=commit_ts))
-                    elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX \
-                            and not msg.transactional:
-                        out.add(Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0)))
-                        reached = max(reached, msg.lsn)
+                    else:
+                        self._message(msg, at, decoders)
                 if out.full():
                     for item in out.flush():
                         yield item
@@ -449,13 +204,43 @@ class PgStream:
                 continue
             for item in out.flush():
                 yield item
-            if not in_tx and self.repl is not None and self.repl.keepalive_pending:
-                mark = self._keepalive(self.repl, reached)
+            if not at.in_tx and self.repl is not None and self.repl.keepalive_pending:
+                mark = self._keepalive(self.repl, at.reached)
                 if mark is not None:
-                    reached = mark.position.lsn  # type: ignore[union-attr]
+                    at.reached = mark.position.lsn  # type: ignore[union-attr]
                     yield mark
         for item in out.flush():  # the server ended the stream: what was decoded goes out
             yield item
+
+    def _message(self, msg: pgoutput.Message, at: Blocks, decoders: dict[int, RowDecoder | None]) -> None:
+        """A message other than a Relation (and, ``columnar``, other than a row): its items to ``at.pending``, a
+        Begin's or Commit's bounds of the transaction to ``at``."""
+        out = at.pending
+        if isinstance(msg, pgoutput.Insert | pgoutput.Update | pgoutput.Delete):
+            at.seq += 1
+            dec = decoders.get(msg.relation)
+            if dec is not None:
+                out.add(self._row_event(msg, dec, PgPosition(at.commit_lsn, at.seq), at.xid, at.commit_ts))
+        elif isinstance(msg, pgoutput.Begin):
+            at.commit_lsn, at.seq, at.xid, at.commit_ts = msg.final_lsn, 0, str(msg.xid), msg.commit_ts
+            at.in_tx = True
+            at.reached = max(at.reached, at.commit_lsn)
+            self.lag_ms = max(0.0, (time.time() - msg.commit_ts.timestamp()) * 1000)
+        elif isinstance(msg, pgoutput.Commit):
+            at.seq += 1
+            out.add(Mark(MarkKind.COMMIT, PgPosition(at.commit_lsn, at.seq),
+                         {"lsn": format_lsn(at.commit_lsn), "end_lsn": format_lsn(msg.end_lsn)}))
+            at.in_tx = False
+        elif isinstance(msg, pgoutput.Truncate):
+            for oid in msg.relations:
+                at.seq += 1
+                dec = decoders.get(oid)
+                if dec is not None:
+                    out.add(ChangeEvent(Op.TRUNCATE, dec.shape.schema, PgPosition(at.commit_lsn, at.seq),
+                                        tx_id=at.xid, commit_ts=at.commit_ts))
+        elif isinstance(msg, pgoutput.LogicalMessage) and msg.prefix == HEARTBEAT_PREFIX and not msg.transactional:
+            out.add(Mark(MarkKind.HEARTBEAT, PgPosition(msg.lsn, 0)))
+            at.reached = max(at.reached, msg.lsn)
 
     def _keepalive(self, repl: ReplicationConnection, reached: int) -> Mark | None:
         """A heartbeat mark at the position of the keepalive the server sent after its last data, taken between
@@ -522,26 +307,9 @@ class PgStream:
         return ChangeEvent(Op.DELETE, schema, pos, before, None, xid, commit_ts)
 
     async def _relation(self, rel: pgoutput.Relation) -> RowDecoder | None:
-        table = TableId(rel.namespace, rel.name)
-        if table not in self._table_set:
+        if TableId(rel.namespace, rel.name) not in self._table_set:
             return None
-        t = self._tables
-        oids = {c.type_oid for c in rel.columns}
-        if t.registry.missing(oids):
-            await catalog.load_types(await t.ensure_sql(), t.registry, oids)
-        old = t.shapes.get(table)
-        info = t.infos.get(table)
-        shape = shape_from_relation(rel, info, t.registry, old.schema.version if old else 0)
-        if old is not None and not same_columns(old.schema, shape.schema):
-            # The schema changed: refresh key and dimensions from the catalog, bump the version.
-            with contextlib.suppress(SourceError, OSError):
-                t.infos[table] = info = await catalog.table_info(await t.ensure_sql(), table)
-            shape = shape_from_relation(rel, info, t.registry, old.schema.version + 1)
-            log.info("table schema changed", table=str(table), version=shape.schema.version,
-                     columns=list(shape.schema.column_names))
-        t.shapes[table] = shape
-        warn_unknown(shape, t.warnings)
-        return RowDecoder(shape, t.warnings)
+        return await self._tables.decoder(rel)
 
     async def _heartbeats(self) -> None:
         while True:

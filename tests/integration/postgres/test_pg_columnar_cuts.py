@@ -18,7 +18,7 @@ from test_pg_columnar_stream import DDL, Workload, _config, _describe, _read, _s
 
 from cdcd.config import Config
 from cdcd.events import ChangeBlock, ChangeEvent, Item
-from cdcd.sources.postgres import stream
+from cdcd.sources.postgres import blocks as pg_blocks
 from devtools.servers import PostgresServer
 
 
@@ -45,8 +45,8 @@ class Runs(Workload):
 async def test_blocks_cut_inside_runs_equal_the_row_path(
         pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str],
         monkeypatch: pytest.MonkeyPatch, rows: int, size: int) -> None:
-    monkeypatch.setattr(stream, "BLOCK_ROWS", rows)
-    monkeypatch.setattr(stream, "BLOCK_BYTES", size)
+    monkeypatch.setattr(pg_blocks, "BLOCK_ROWS", rows)
+    monkeypatch.setattr(pg_blocks, "BLOCK_BYTES", size)
     sql(DDL)
     w = Runs(7)
     col_cfg, row_cfg = (_config(make_config, pg_db, f"s_{name}_{pg_db}", False) for name in ("col", "row"))

@@ -13,7 +13,7 @@ import pytest
 
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.sources.postgres.catalog import connect_sql
-from cdcd.sources.postgres.replication import ConnectParams, ReplicationConnection
+from cdcd.sources.postgres.wire.replication import ConnectParams, ReplicationConnection
 from devtools.servers import PostgresServer
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Union
 
-from cdcd.sources.postgres.protocol import ProtocolError
+from cdcd.sources.postgres.wire.protocol import ProtocolError
 
 PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 

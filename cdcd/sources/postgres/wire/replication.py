@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from cdcd.errors import SourceError, SourceFatal
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
-from cdcd.sources.postgres import protocol as p
 from cdcd.sources.postgres.connection import ConnectParams as ConnectParams
 from cdcd.sources.postgres.connection import ssl_context
 from cdcd.sources.postgres.types import SESSION_SETTINGS
+from cdcd.sources.postgres.wire import protocol as p
 
 # Authentication request codes.
 _AUTH_OK, _AUTH_CLEARTEXT, _AUTH_MD5, _AUTH_SASL, _AUTH_SASL_CONTINUE, _AUTH_SASL_FINAL = 0, 3, 5, 10, 11, 12
