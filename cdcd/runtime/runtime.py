@@ -16,6 +16,10 @@ Four tasks make the pipeline:
   so waiting for the next one would wedge the barrier once every in-flight
   slot is taken.
 
+The reader and the timer are here; the deliverer, the acker and the checkpoint
+saves are the ``Committer``'s (``commit.py``); the bounded steps of a stop are
+in ``stopping.py``, the counters in ``stats.py``.
+
 ``start``/``stop``/``force_stop`` follow the state table of DESIGN.md
 section 2; ``stop`` and ``force_stop`` mirror asyncpg's ``close`` and
 ``terminate``.
@@ -27,55 +31,26 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import structlog
 
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore, store_for
 from cdcd.config import Config
-from cdcd.errors import CheckpointError, CheckpointFatal, SinkError, SourceError, StateError
-from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, RowBlock, event_count
+from cdcd.errors import CheckpointFatal, SourceError, StateError
+from cdcd.events import ChangeBlock, ChangeEvent, Item, RowBlock, event_count
 from cdcd.positions import Position
 from cdcd.retry import Backoff, source_backoff
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.batcher import Batcher
+from cdcd.runtime.commit import Committer
 from cdcd.runtime.interfaces import Batch, ResumePoint, Sink, Source
 from cdcd.runtime.state import RuntimeState
+from cdcd.runtime.stats import RuntimeStats
+from cdcd.runtime.stopping import STOP_STEP_S, cancel_tasks, close_source, pause_reading
 
-__all__ = ["Runtime", "RuntimeState", "RuntimeStats"]
-
-#: Cap of the checkpoint save retry: a save is a few KB, so retrying often costs nothing and the
-#: pipeline resumes within seconds of the disk recovering.
-_CHECKPOINT_RETRY_MAX_S = 5.0
-#: The bound of each step of a stop outside the grace period: waiting for cancelled pipeline tasks to end,
-#: closing the source (then its connections are aborted), closing the sink. A stop never waits longer on one.
-STOP_STEP_S = 10.0
-
-
-@dataclass
-class RuntimeStats:
-    """Counters for /status and /metrics; read at scrape time."""
-
-    events_seen: int = 0
-    events_committed: int = 0
-    events_skipped: int = 0
-    batches_delivered: int = 0
-    batches_inflight: int = 0
-    max_inflight_batches: int = 0
-    queue_size: int = 0
-    queue_capacity: int = 0
-    committed_batch_seq: int = 0
-    committed_position: str | None = None
-    checkpoint_saved_at: float | None = None
-    checkpoint_failures: int = 0
-    #: Wall-clock time of the first failure of the current run of failed saves; None while saves succeed.
-    checkpoint_failing_since: float | None = None
-    checkpoint_error: str | None = None
-    source_reconnects: int = 0
-    last_error: str | None = None
-    last_tick: float = field(default_factory=time.monotonic)
-    table_events: dict[str, int] = field(default_factory=dict)
+__all__ = ["STOP_STEP_S", "Runtime", "RuntimeState", "RuntimeStats"]
 
 
 class Runtime:
@@ -92,7 +67,8 @@ class Runtime:
         self._log = structlog.get_logger("cdcd.runtime").bind(source=config.source.kind)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._done: asyncio.Future[None] | None = None
-        self._commit_lock = asyncio.Lock()
+        self._committer = Committer(config, source, sink, self.store, self.stats, self._log, self._tasks,
+                                    self._spawn)
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -114,10 +90,10 @@ class Runtime:
         self._done = asyncio.get_running_loop().create_future()
         self.state = RuntimeState.RUNNING
         for name, coro in (("reader", self._read()), ("timer", self._time()),
-                           ("deliverer", self._deliver()), ("acker", self._ack())):
+                           ("deliverer", self._committer.deliver()), ("acker", self._committer.ack())):
             self._spawn(name, coro)
-        self._log.info("runtime started", batch=self._next_seq - 1,
-                       position=str(self._checkpoint.position) if self._checkpoint.position else None)
+        position = self._committer.checkpoint.position
+        self._log.info("runtime started", batch=self._next_seq - 1, position=str(position) if position else None)
 
     async def _prepare(self) -> None:
         ckpt = self.store.load()
@@ -127,22 +103,24 @@ class Runtime:
                 f"checkpoint {self.store.current_path} belongs to a {ckpt.source_kind} source but source.kind is "
                 f"{kind}; give this source its own state.path"
             )
-        self._checkpoint = ckpt or Checkpoint(source_kind=kind)
+        committer = self._committer
+        checkpoint = committer.checkpoint = ckpt or Checkpoint(source_kind=kind)
         landed = await self.sink.open()
         # Batches landed before a crash but never checkpointed keep their seqs: never reuse them.
-        self._next_seq = max(self._checkpoint.batch_seq, landed) + 1
-        self._barrier = CommitBarrier(self._next_seq - 1, self._checkpoint.event_count,
-                                      self.config.runtime.max_inflight_batches)
-        self._source_state = dict(self._checkpoint.source_state)
-        self._skip_upto: Position | None = self._checkpoint.position
+        self._next_seq = max(checkpoint.batch_seq, landed) + 1
+        self._barrier = committer.barrier = CommitBarrier(self._next_seq - 1, checkpoint.event_count,
+                                                          self.config.runtime.max_inflight_batches)
+        committer.source_state = dict(checkpoint.source_state)
+        self._skip_upto: Position | None = checkpoint.position
         self._batcher = Batcher(self.config.landing.max_batch_events, self.config.landing.max_batch_delay_ms / 1000)
         self._handoff: asyncio.Queue[Batch] = asyncio.Queue(maxsize=_handoff_capacity())
+        committer.handoff = self._handoff
         self._batch_opened = asyncio.Event()
         self.stats.checkpoint_failing_since = None  # a restart after a stop while saves failed starts afresh
-        self.stats.events_committed = self._checkpoint.event_count
-        self.stats.committed_batch_seq = self._checkpoint.batch_seq
-        self.stats.committed_position = self._checkpoint.position.encoded if self._checkpoint.position else None
-        await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
+        self.stats.events_committed = checkpoint.event_count
+        self.stats.committed_batch_seq = checkpoint.batch_seq
+        self.stats.committed_position = checkpoint.position.encoded if checkpoint.position else None
+        await self.source.connect(ResumePoint(checkpoint.position, dict(committer.source_state)))
 
     async def wait(self) -> None:
         """Wait for the pipeline to end; re-raise the error that ended it."""
@@ -162,7 +140,7 @@ class Runtime:
         self.state = RuntimeState.STOPPING
         grace = self.config.runtime.shutdown_grace_s
         try:
-            await self._pause_reading()
+            await pause_reading(self._tasks, self._log)
             try:
                 # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose the cancellation it sends
                 # when the coroutine's own inner timeout fires at the same moment, and then waits for a drain
@@ -195,7 +173,7 @@ class Runtime:
         if self.state is RuntimeState.STOPPING:
             raise StateError("runtime is currently stopping")
         self.state = RuntimeState.STOPPING
-        await self._cancel_tasks()
+        await cancel_tasks(self._tasks, self._log)
         dropped: list[Item] = []
         for batch in self._barrier.drop_all():
             dropped.extend(batch.items)
@@ -218,7 +196,7 @@ class Runtime:
 
     def status(self) -> dict[str, Any]:
         self._refresh_gauges()
-        ckpt = getattr(self, "_checkpoint", None)
+        ckpt: Checkpoint | None = getattr(self._committer, "checkpoint", None)
         return {
             "state": self.state.value,
             "checkpoint_failing": self.stats.checkpoint_failing_since is not None,
@@ -250,7 +228,8 @@ class Runtime:
                 if reconnect:
                     # Inside the try: a reconnect that fails (server still down) is retried like the error before it.
                     self.source.terminate()
-                    await self.source.connect(ResumePoint(self._checkpoint.position, dict(self._source_state)))
+                    committed = self._committer
+                    await self.source.connect(ResumePoint(committed.checkpoint.position, dict(committed.source_state)))
                 await self._read_stream(retry)
                 break
             except SourceError as exc:
@@ -332,144 +311,6 @@ class Runtime:
         self._next_seq += 1
         return batch
 
-    async def _deliver(self) -> None:
-        while True:
-            batch = await self._handoff.get()
-            try:
-                await self._barrier.reserve()
-                self._barrier.add(batch)
-                # a completed re-snapshot's mark lands too: the consumer removes the rows it did not see
-                if batch.event_count or any(type(i) is Mark and i.kind is MarkKind.SNAPSHOT_COVERED
-                                            for i in batch.items):
-                    await self._deliver_with_retry(batch)
-                    self.stats.batches_delivered += 1
-                else:  # only marks: nothing to land, progress to checkpoint
-                    self._barrier.ack(batch.seq)
-                    await self._commit()
-            finally:
-                self._handoff.task_done()
-
-    async def _deliver_with_retry(self, batch: Batch) -> None:
-        retry = Backoff(max_s=self.config.runtime.reconnect_max_s)  # no budget: landing waits for the space
-        while True:
-            try:
-                await self.sink.deliver(batch)
-                return
-            except SinkError as exc:
-                if exc.fatal:
-                    raise
-                self.stats.last_error = str(exc)
-                delay = retry.failure(exc)
-                self._log.warning("landing the batch failed, retrying", batch=batch.seq, error=str(exc),
-                                  retry_in_s=round(delay, 2))
-                await asyncio.sleep(delay)
-
-    async def _ack(self) -> None:
-        async for seq in self.sink.acks():
-            if self._barrier.ack(seq):
-                await self._commit()
-        # Only close() ends the acks; ending while running would silently stall the pipeline.
-        raise SinkError("the sink stopped acknowledging batches while the runtime was running")
-
-    async def _retry_checkpoint(self) -> None:
-        """Retry a failed checkpoint save on a timer until it succeeds (no further ack may ever come)."""
-        retry = Backoff(max_s=min(_CHECKPOINT_RETRY_MAX_S, self.config.runtime.reconnect_max_s))
-        while True:
-            await asyncio.sleep(retry.failure(CheckpointError("checkpoint save failed")))
-            if await self._commit():
-                return
-
-    async def _commit(self) -> bool:
-        """Checkpoint the contiguous acked prefix, then tell the source and the sink.
-
-        False when the save failed: the prefix stays committable and the retry timer runs.
-        """
-        async with self._commit_lock:
-            batches = self._barrier.committable()
-            if not batches:
-                return True
-            items = [item for batch in batches for item in batch.items]
-            state = self.source.fold(self._source_state, items)
-            last = batches[-1]
-            events = sum(b.event_count for b in batches)
-            # Never backwards: after a restart the source may re-send progress marks older than the checkpoint
-            # (the skip rule drops only row events), so the last item need not be the highest: take the highest
-            # of the saved position, the last item and every mark (rows arrive in order; marks fold the flush).
-            position = self._checkpoint.position
-            for item in (*(i for i in items if type(i) is Mark), last.items[-1]) if last.items else ():
-                if position is None or item.position > position:  # type: ignore[operator]
-                    position = item.position
-            ckpt = Checkpoint(
-                source_kind=self.source.kind,
-                batch_seq=last.seq,
-                event_count=self._barrier.committed_events + events,
-                position=position,
-                source_state=state,
-            )
-            try:
-                ckpt = await asyncio.to_thread(self.store.save, ckpt)
-            except CheckpointError as exc:
-                if exc.fatal:
-                    raise
-                self._save_failed(exc, last.seq, sum(b.event_count for b in batches))
-                return False
-            self._save_succeeded()
-            self._checkpoint, self._source_state = ckpt, state
-            await self._barrier.mark_durable(batches)
-            self._count_committed(batches, ckpt)
-            if ckpt.position is not None:
-                await self.source.confirm(ckpt.position, state)
-            try:
-                await self.sink.committed(last.seq)
-            except SinkError as exc:
-                if exc.fatal:
-                    raise
-                # Retention is housekeeping: the data is safe, the next commit tries again.
-                self.stats.last_error = str(exc)
-                self._log.warning("landing retention failed; retried at the next commit", error=str(exc))
-            return True
-
-    def _save_failed(self, exc: CheckpointError, batch: int, events: int) -> None:
-        """Count and report a failed save and make sure the retry timer runs."""
-        stats = self.stats
-        stats.checkpoint_failures += 1
-        stats.checkpoint_error = stats.last_error = str(exc)
-        now, since = time.time(), stats.checkpoint_failing_since
-        first = since is None
-        if since is None:
-            since = stats.checkpoint_failing_since = now
-        retry = self._tasks.get("checkpoint-retry")
-        if retry is None or retry.done():
-            self._spawn("checkpoint-retry", self._retry_checkpoint())
-        # The first failure is an error, the retries (every few seconds at most, once the slots are full) warnings.
-        log = self._log.error if first else self._log.warning
-        log("checkpoint save failed; retrying on a timer, reading is paused once the in-flight batches are full",
-            error=str(exc), batch=batch, uncommitted_events=events, failures=stats.checkpoint_failures,
-            failing_for_s=round(now - since, 1))
-
-    def _save_succeeded(self) -> None:
-        stats = self.stats
-        if stats.checkpoint_failing_since is not None:
-            self._log.warning("checkpoint saves work again; the pipeline resumes",
-                              failed_for_s=round(time.time() - stats.checkpoint_failing_since, 1),
-                              failures=stats.checkpoint_failures)
-            stats.checkpoint_failing_since = None
-
-    def _count_committed(self, batches: list[Batch], ckpt: Checkpoint) -> None:
-        stats = self.stats
-        stats.events_committed = ckpt.event_count
-        stats.committed_batch_seq = ckpt.batch_seq
-        stats.committed_position = ckpt.position.encoded if ckpt.position else None
-        stats.checkpoint_saved_at = time.time()
-        per_table = stats.table_events
-        for batch in batches:
-            for item in batch.items:
-                if type(item) is ChangeEvent or type(item) is RowBlock or type(item) is ChangeBlock:
-                    name = str(item.schema.table)
-                    per_table[name] = per_table.get(name, 0) + event_count(item)
-        self._log.debug("checkpoint saved", batch=ckpt.batch_seq, position=str(ckpt.position),
-                        events=ckpt.event_count)
-
     # -- helpers -------------------------------------------------------------------------
 
     def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
@@ -491,20 +332,8 @@ class Runtime:
         self.stats.last_error = str(exc)
         self._log.error("pipeline failed", error=str(exc), fatal=getattr(exc, "fatal", True),
                         error_type=type(exc).__name__)
-        await self._cancel_tasks()
+        await cancel_tasks(self._tasks, self._log)
         await self._shutdown(graceful=False, error=exc)
-
-    async def _pause_reading(self) -> None:
-        reader = self._tasks.pop("reader", None)
-        if reader is not None and not reader.done():
-            reader.cancel()
-            await asyncio.wait({reader}, timeout=STOP_STEP_S)  # never swallows a cancel of the stop itself
-            if not reader.done():  # stuck in a finally: cancelled again and waited for (bounded) by _shutdown
-                self._tasks["reader-cancelled"] = reader
-                self._log.error(f"the reader did not stop within {STOP_STEP_S:g}s of being cancelled; the stop "
-                                "goes on without it and aborts the source's connections at the end")
-            elif not reader.cancelled() and (exc := reader.exception()) is not None:
-                raise exc  # as ``await reader`` did: the stop reports how the reader ended
 
     async def _flush_and_drain(self) -> None:
         """Hand the open batch to the deliverer, then wait until everything is committed."""
@@ -516,7 +345,7 @@ class Runtime:
         await self._handoff.join()
         while self._barrier.inflight:
             if self._barrier.committable():
-                await self._commit()  # a save that fails is retried here each second, and by the timer
+                await self._committer.commit()  # a save that fails is retried here each second, and by the timer
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):  # a stop's grace timeout cancels through it (see stop)
                     await self._barrier.wait_drained()
@@ -525,33 +354,11 @@ class Runtime:
         queued = sum(b.event_count for b in self._handoff._queue)  # type: ignore[attr-defined]
         return self._barrier.pending_events + queued + self._batcher.events
 
-    async def _cancel_tasks(self) -> None:
-        tasks = [t for t in self._tasks.values() if t is not asyncio.current_task()]
-        self._tasks.clear()
-        for t in tasks:
-            t.cancel()
-        if tasks:  # their errors went to _task_done; a task that ignores its cancellation does not hold the stop
-            await asyncio.wait(tasks, timeout=STOP_STEP_S)
-        stuck = sorted(t.get_name() for t in tasks if not t.done())
-        if stuck:
-            self._log.error(f"pipeline tasks did not end within {STOP_STEP_S:g}s of being cancelled; the stop goes "
-                            "on without them", tasks=stuck)
-
-    async def _close_source(self) -> None:
-        """``source.close()``, waited for at most STOP_STEP_S; then its connections are aborted."""
-        try:
-            async with asyncio.timeout(STOP_STEP_S):
-                await self.source.close()
-        except TimeoutError:
-            self._log.error(f"closing the source did not end within {STOP_STEP_S:g}s; its connections are aborted "
-                            "(the server ends their sessions when it notices)")
-            self.source.terminate()
-
     async def _shutdown(self, graceful: bool, error: BaseException | None = None) -> None:
         try:
-            await self._cancel_tasks()
+            await cancel_tasks(self._tasks, self._log)
             if graceful:
-                await self._close_source()
+                await close_source(self.source, self._log)
             else:
                 self.source.terminate()
         except BaseException:

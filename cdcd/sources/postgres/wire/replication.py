@@ -86,6 +86,39 @@ class SlotCreated:
     snapshot_name: str | None
 
 
+async def negotiate_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, params: ConnectParams) -> bool:
+    """TLS per ``sslmode``, asked for before the startup message; True when the connection is TLS."""
+    ctx = ssl_context(params.sslmode, params.sslrootcert)
+    if ctx is None:
+        return False
+    writer.write(p.ssl_request())
+    await writer.drain()
+    answer = await reader.readexactly(1)
+    if answer == b"S":
+        hostname = params.host if ctx.check_hostname else None
+        try:
+            await writer.start_tls(ctx, server_hostname=hostname)
+        except ssl.SSLError as exc:
+            raise SourceFatal(
+                f"{params.where}: TLS handshake failed ({exc.reason}) with sslmode={params.sslmode}; "
+                "check source.sslrootcert and the server certificate"
+            ) from exc
+        return True
+    elif params.sslmode != "prefer":
+        raise SourceFatal(
+            f"{params.where}: the server does not accept TLS but sslmode={params.sslmode}; "
+            "enable ssl on the server or set source.sslmode = \"prefer\""
+        )
+    return False
+
+
+def need_password(params: ConnectParams) -> str:
+    if params.password is None:
+        raise SourceFatal(f"{params.where}: the server asks for a password and none is configured; "
+                          "set source.password or source.password_file")
+    return params.password
+
+
 class ReplicationConnection:
     """One replication connection (``replication=database``)."""
 
@@ -130,35 +163,12 @@ class ReplicationConnection:
         keepalive_transport(writer.transport)
         conn = cls(reader, writer, params)
         try:
-            await conn._negotiate_tls()
+            conn.tls = await negotiate_tls(reader, writer, params)
             await conn._startup()
         except BaseException:
             conn.terminate()
             raise
         return conn
-
-    async def _negotiate_tls(self) -> None:
-        ctx = ssl_context(self._params.sslmode, self._params.sslrootcert)
-        if ctx is None:
-            return
-        self._writer.write(p.ssl_request())
-        await self._writer.drain()
-        answer = await self._reader.readexactly(1)
-        if answer == b"S":
-            hostname = self._params.host if ctx.check_hostname else None
-            try:
-                await self._writer.start_tls(ctx, server_hostname=hostname)
-            except ssl.SSLError as exc:
-                raise SourceFatal(
-                    f"{self._params.where}: TLS handshake failed ({exc.reason}) with sslmode={self._params.sslmode}; "
-                    "check source.sslrootcert and the server certificate"
-                ) from exc
-            self.tls = True
-        elif self._params.sslmode != "prefer":
-            raise SourceFatal(
-                f"{self._params.where}: the server does not accept TLS but sslmode={self._params.sslmode}; "
-                "enable ssl on the server or set source.sslmode = \"prefer\""
-            )
 
     async def _startup(self) -> None:
         params = {
@@ -177,7 +187,7 @@ class ReplicationConnection:
                 code, data = p.parse_auth(msg.payload)
                 if code == _AUTH_OK:
                     continue
-                password = self._need_password()
+                password = need_password(self._params)
                 if code == _AUTH_CLEARTEXT:
                     self._writer.write(p.password_message(password))
                 elif code == _AUTH_MD5:
@@ -211,12 +221,6 @@ class ReplicationConnection:
                 raise server_error(p.parse_error_fields(msg.payload), f"{self._params.where}: connecting")
             else:
                 raise SourceError(f"{self._params.where}: unexpected message {msg.kind!r} during startup")
-
-    def _need_password(self) -> str:
-        if self._params.password is None:
-            raise SourceFatal(f"{self._params.where}: the server asks for a password and none is configured; "
-                              "set source.password or source.password_file")
-        return self._params.password
 
     async def _next(self, timeout: float | None = -1.0) -> p.BackendMessage:
         """The next message; waits at most ``timeout`` (default: ``read_timeout_s``; None: no bound but
