@@ -3,7 +3,8 @@
 ``connect`` plans a run (a new slot and snapshot, the rest of an interrupted snapshot, or streaming from the
 checkpoint) and hands it to the capture coordinator (``cdcd/capture/coordinator.py``), which runs the snapshot
 (``snapshot.py``, ``PgSnapshot``) and the stream (``stream.py``, ``PgStream``). The durable source state and
-``fold`` live in ``state.py``; connection parameters and TLS in ``connection.py``.
+``fold`` live in ``state.py``; connection parameters and TLS in ``connection.py``; the operator's requests while
+streaming (``cdcd snapshot``, table reloads) in ``requests.py``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import structlog
 
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
-from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
+from cdcd.capture.incremental import plan_tables, stale_from_state
 from cdcd.config import Config
-from cdcd.errors import ConfigError, PositionLost, SourceError, SourceFatal
+from cdcd.errors import PositionLost, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -31,7 +32,7 @@ from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, check_slot, decide
-from cdcd.sources.postgres.shape import shape_from_info, warn_unknown
+from cdcd.sources.postgres.requests import PgRequests
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
 from cdcd.sources.postgres.stream import PgStream
 from cdcd.sources.postgres.tables import PgTables, replaced_why
@@ -59,9 +60,8 @@ class PostgresSource(Source):
         self._params = connect_params(config)  # shared with `cdcd check` and verify
         self._slot = src.postgres.slot
         self._publication = src.postgres.publication
-        self._tables = src.table_ids
         self._mode = config.snapshot.mode
-        self._t = PgTables(self._params, self._tables)
+        self._t = PgTables(self._params, src.table_ids)  # its ``tables``: the captured set
         self._coord = CaptureCoordinator(config, log, phase="streaming", where=self._params.where)
         # The spool of in-progress transactions (protocol 2) lives in the state directory: one daemon per state.path.
         # Also without streaming: every connect removes what an earlier run left there.
@@ -83,6 +83,8 @@ class PostgresSource(Source):
         self._system: dict[str, Any] | None = None  # the server identity the checkpoint records (identity.py)
         self._announce: list[Item] = []  # Marks to emit before anything else (a new identity record)
         self._resume_position: PgPosition | None = None  # the checkpoint's position at connect
+        self._requests = PgRequests(config, self._t, self._publication, self._incr, self._chunks, self._stream,
+                                    self._last_position, lambda: self._stream_changes)
 
     # ------------------------------------------------------------ connect: the planner
 
@@ -131,7 +133,7 @@ class PostgresSource(Source):
         else:
             # a table dropped while cdcd was stopped is left out (``_check_oids`` flags it); one re-created is added
             # again when cdcd owns the publication (and flagged), else the error names the statement to run
-            present = [t for t in self._tables if t in self._t.infos]
+            present = [t for t in self._t.tables if t in self._t.infos]
             await catalog.ensure_publication(self._t.sql, self._publication, present, self._t.infos)
             slot = await catalog.slot_info(self._t.sql, self._slot)
             if slot is not None:
@@ -200,12 +202,12 @@ class PostgresSource(Source):
         """Tables added to or removed from source.tables since the checkpoint (``plan_tables``); resumes the
         incremental snapshots the checkpoint holds as running."""
         fresh = self._start_mark is not None  # a first start or a new snapshot: every table is in it
-        marks, jobs = plan_tables(state, self._tables, fresh, self._last_position(), log)
+        marks, jobs = plan_tables(state, self._t.tables, fresh, self._last_position(), log)
         # a table added now (or before a restart, its snapshot still running) may have joined the publication while
         # a transaction that wrote to it was open: the job's first chunk waits for those (``PgChunkReader.prepare``)
         self._chunks.joined.update(j.table for j in jobs if j.started)
         # a fresh start snapshots every table: no flag of the old state stands
-        self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale, self._tables))
+        self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale, self._t.tables))
         self._incr.dropped = set()
         if fresh:  # the start mark carries the table list (``_begin``); nothing else is due
             return []
@@ -219,7 +221,7 @@ class PostgresSource(Source):
         so a restart before the flag is committed flags it again. A checkpoint without OIDs (written before they
         were kept) takes the catalog's: nothing to compare with, no flag."""
         oids: dict[str, int] = {}
-        for t in self._tables:
+        for t in self._t.tables:
             name = str(t)
             old = state.oids.get(name)
             info = self._t.infos.get(t)
@@ -233,97 +235,21 @@ class PostgresSource(Source):
                 oids[name] = old
             elif now is not None:
                 oids[name] = now
-        return Mark(MarkKind.TABLES, self._last_position(), {"tables": [str(t) for t in self._tables], "oids": oids})
+        return Mark(MarkKind.TABLES, self._last_position(), {"tables": [str(t) for t in self._t.tables], "oids": oids})
 
-    # ------------------------------------------------------------ operator requests (issue 13)
+    # ------------------------------------------------------------ operator requests (issue 13): requests.py
 
     def request_snapshot(self, table: str, where: str | None = None) -> None:
-        if not self._stream_changes:
-            raise ConfigError("snapshot request: snapshot.mode = \"initial_only\" has no stream to snapshot into")
-        t = check_table(table, self._tables)
-        if t in self._incr.stale:
-            # dropped and re-created: publish the new table and learn it first (in the chunk task, before the job)
-            self._incr.submit(lambda: self._republish(t))
-        self._incr.request(t, where)
+        self._requests.snapshot(table, where)
 
     async def check_where(self, table: str, where: str) -> None:
-        t = check_table(table, self._tables)
-        conn = await catalog.connect_sql(self._params)
-        try:  # fetch: the extended protocol plans exactly one statement
-            await conn.fetch(f"EXPLAIN SELECT 1 FROM {catalog.quote_table(t)} WHERE ({where})",
-                             timeout=self._config.runtime.source_read_timeout_s)
-        except asyncpg.PostgresError as exc:
-            raise ConfigError(f"snapshot request: the condition {where!r} does not work on {t}: {exc} (the "
-                              f"server's words on {self._params.where}); correct --where") from None
-        finally:
-            await conn.close(timeout=5)
-
-    async def _republish(self, t: TableId) -> None:
-        """A table re-created under a captured name: add it to the publication again (when cdcd created it;
-        else the error names the statement to run) and decode it with its new catalog facts."""
-        try:
-            sql = await self._t.ensure_sql()
-            info = await catalog.table_info(sql, t)
-            known = {**self._t.infos, t: info}
-            await catalog.ensure_publication(sql, self._publication, [x for x in self._tables if x in known], known)
-            await catalog.load_types(sql, self._t.registry, {c.type_oid for c in info.columns})
-        except Exception as exc:  # its snapshot would read rows whose later changes never arrive: none
-            why = f"publishing the re-created table {t} failed: {exc}"
-            self._incr.cancel({t}, why)
-            self._incr.mark_stale(t, why)
-            raise
-        self._t.infos[t] = info
-        self._t.shapes[t] = shape_from_info(info, self._t.registry)
-        self._chunks.joined.add(t)  # its snapshot waits for transactions open when it joined the publication
-        # its new OID is the baseline from now on; the flag stays in the checkpoint until the re-snapshot completes
-        self._incr.emit(Mark(MarkKind.TABLES, self._last_position(),
-                             {"tables": [str(x) for x in self._tables], "oids": {str(t): info.oid}}))
-        log.info("re-created table published again; re-snapshotting it", table=str(t), oid=info.oid)
+        await self._requests.check_where(table, where)
 
     def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
-        new = parse_tables(tables)
-        if not self._stream_changes:
-            raise ConfigError("table reload: snapshot.mode = \"initial_only\" captures no stream")
-        return self._incr.submit(lambda: self._apply_tables(new))
+        return self._requests.reload(tables)
 
     def snapshot_progress(self) -> list[dict[str, Any]]:
         return self._incr.progress()
-
-    async def _apply_tables(self, new: list[TableId]) -> None:
-        """A reload (in the chunk task, between chunks): extend the publication, learn the new tables, snapshot
-        them incrementally; removed tables stop being captured."""
-        added = [t for t in new if t not in self._tables]
-        removed = [t for t in self._tables if t not in new]
-        if not added and not removed:
-            return
-        sql = await self._t.ensure_sql()
-        infos = {t: await catalog.table_info(sql, t) for t in added}
-        keyless = [str(t) for t, info in infos.items() if not info.key]
-        if keyless:  # its incremental snapshot reads in key order: refused before the publication is touched
-            raise SourceError(f"table reload: {', '.join(keyless)} has no primary key or replica identity index, so "
-                              "it cannot be snapshotted while streaming; not added. Fix: ALTER TABLE ... ADD PRIMARY "
-                              "KEY (...), or ALTER TABLE ... REPLICA IDENTITY USING INDEX on a unique index of NOT "
-                              "NULL columns, and reload again, or leave it out of source.tables")
-        known = {**self._t.infos, **infos}
-        await catalog.ensure_publication(sql, self._publication, [t for t in new if t in known], known)
-        oids = {c.type_oid for info in infos.values() for c in info.columns}
-        await catalog.load_types(sql, self._t.registry, oids)
-        for t, info in infos.items():
-            self._t.infos[t] = info
-            self._t.shapes[t] = shape_from_info(info, self._t.registry)
-            warn_unknown(self._t.shapes[t], self._t.warnings)
-        self._tables = self._t.tables = list(new)
-        self._stream.capture(self._tables)
-        self._chunks.joined.update(added)  # their snapshots wait for transactions open when they joined
-        self._incr.dropped = (self._incr.dropped | set(removed)) - set(added)
-        self._incr.cancel(set(removed), "the table was removed from source.tables")
-        at = self._last_position()
-        for t in added:
-            self._incr.emit(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}))
-            self._incr.jobs.append(SnapshotJob(t, None, started=True))
-        self._incr.emit(Mark(MarkKind.TABLES, at, {"tables": [str(t) for t in self._tables],
-                                                   "oids": {str(t): info.oid for t, info in infos.items()}}))
-        log.info("captured tables reloaded", added=[str(t) for t in added], removed=[str(t) for t in removed])
 
     def _reached(self) -> int:
         """The highest WAL position cdcd committed or emitted: the server's history must contain it."""
@@ -364,7 +290,7 @@ class PostgresSource(Source):
         self._stream.flush_lsn = watermark
         # the captured list rides on the start mark: a fresh start captures every configured table
         detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark),
-                                  "tables": [str(t) for t in self._tables], "oids": self._t.oids()}
+                                  "tables": [str(t) for t in self._t.tables], "oids": self._t.oids()}
         if self._system:
             detail["system"] = dict(self._system)
         kind = MarkKind.SNAPSHOT_START if snapshot else MarkKind.STREAM_START
@@ -385,7 +311,7 @@ class PostgresSource(Source):
         from cdcd.sources.postgres.snapshot import SnapshotReader, SnapshotTable
 
         tables: list[SnapshotTable] = []
-        for t in self._tables:
+        for t in self._t.tables:
             entry = state.tables.get(str(t)) or TableProgress()
             info = self._t.infos[t]
             after = entry.last_key if info.key else None
@@ -429,7 +355,7 @@ class PostgresSource(Source):
     async def preflight(self) -> list[CheckResult]:
         from cdcd.sources.postgres.preflight import run_preflight
 
-        return await run_preflight(self._params, self._tables, self._slot, self._publication)
+        return await run_preflight(self._params, self._t.tables, self._slot, self._publication)
 
     def status(self) -> dict[str, Any]:
         coord = self._coord
@@ -439,7 +365,7 @@ class PostgresSource(Source):
             "slot": self._slot if self._stream_changes else None,
             "reconnects": coord.reconnects,
             "last_error": coord.last_error,
-            "tables": [str(t) for t in self._tables],
+            "tables": [str(t) for t in self._t.tables],
             **self._stream.status(),
         }
         if self._system:
