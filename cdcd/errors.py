@@ -7,6 +7,17 @@ must not be retried: the runtime stops and the process exits non-zero.
 from __future__ import annotations
 
 
+def reason(exc: BaseException) -> str:
+    """What ``exc`` says, never empty: a timeout (``TimeoutError`` has no message) or another error without a
+    message is named by its kind, so a wrapping error never ends in "...: " with nothing after it."""
+    text = str(exc).strip()
+    if text:
+        return text
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return type(exc).__name__
+
+
 class CdcdError(Exception):
     """Base of every error cdcd raises on purpose."""
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from cdcd.config import parse_config
+from cdcd.errors import SourceError, reason
 from cdcd.sources.mysql import connection as my
 from cdcd.sources.mysql.tls import TlsError
 from cdcd.sources.postgres import connection as pg
@@ -41,3 +43,24 @@ def test_mysql_params_come_from_the_config_and_build_tls_on_first_use(tmp_path: 
                                                        "database": "d", "tables": ["d.t"], "sslmode": "disable",
                                                        "mysql": {"server_id": 9}}}, env={}))
     assert plain.tls.context is None and plain.tls is plain.tls  # built once
+
+
+def test_an_error_without_a_message_is_named_by_its_kind() -> None:
+    assert reason(TimeoutError()) == "timed out"
+    assert reason(ConnectionResetError()) == "ConnectionResetError"
+    assert reason(OSError(111, "Connection refused")) == "[Errno 111] Connection refused"
+
+
+async def test_a_server_that_never_answers_gives_a_connect_error_that_says_so() -> None:
+    """A listener that accepts and stays silent (a hung server, a half-open proxy): the connect attempt ends
+    after source.connect_timeout_s with an error that names the timeout, not "cannot connect: ;"."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        port = silent.getsockname()[1]
+        config = parse_config({"source": {"kind": "postgres", "host": "127.0.0.1", "port": port, "user": "cdc",
+                                          "password": "pw", "database": "app", "tables": ["public.t"],
+                                          "sslmode": "disable", "connect_timeout_s": 1}}, env={})
+        with pytest.raises(SourceError, match=r"cannot connect: timed out; check that the server runs"):
+            await pg.connect_sql(pg.connect_params(config))
+    finally:
+        silent.close()

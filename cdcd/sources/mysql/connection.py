@@ -18,7 +18,7 @@ from typing import Any
 import aiomysql
 
 from cdcd.config import Config
-from cdcd.errors import SourceError
+from cdcd.errors import SourceError, reason
 from cdcd.sockets import keepalive_transport
 from cdcd.sources.mysql.tls import Tls, TlsError
 
@@ -78,7 +78,7 @@ async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> a
         tls_exc = tls.explain(exc)
         if tls_exc is not None:
             raise tls_exc from exc
-        raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {exc}") from exc
+        raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {reason(exc)}") from exc
     keepalive_transport(getattr(getattr(conn, "_writer", None), "transport", None))
     async with conn.cursor() as cur:
         await cur.execute("SET SESSION time_zone = '+00:00'")

@@ -92,7 +92,7 @@ class MySqlSource(Source):
         self.server = MySqlServer(config, self.conn)
         self._coord = CaptureCoordinator(config, log, where=f"{config.source.kind} {self.conn.where}")
         self._stream = MySqlStream(self.server, self._coord, self.tables, None)
-        # Incremental snapshots while streaming (cdcd/capture/incremental.py): the chunk reads.
+        # Incremental snapshots while streaming (cdcd/capture/incremental/): the chunk reads.
         self._chunks = MyChunkReader(self.server, self._stream, self._coord)
         self._incr = self._coord.incremental
         self._incr.last = self._stream.last_position

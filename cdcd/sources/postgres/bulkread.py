@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import SourceError, SourceFatal, reason
 from cdcd.sockets import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
 from cdcd.sources.postgres.catalog import quote_ident, quote_literal
 from cdcd.sources.postgres.connection import ConnectParams
@@ -161,7 +161,7 @@ class BulkConnection:
             raise _error(self._params, exc) from exc
         except OSError as exc:
             self.close()
-            raise SourceError(f"{self._params.where}: the bulk reader cannot connect: {exc}") from exc
+            raise SourceError(f"{self._params.where}: the bulk reader cannot connect: {reason(exc)}") from exc
 
     def start(self, query: str) -> None:
         """Run a chunk query; its batches come from ``next_batch``."""

@@ -21,7 +21,7 @@ from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import plan_tables, stale_from_state
 from cdcd.config import Config
-from cdcd.errors import PositionLost, SourceError, SourceFatal
+from cdcd.errors import PositionLost, SourceError, SourceFatal, reason
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -104,7 +104,7 @@ class PostgresSource(Source):
             raise SourceFatal(f"{self._params.where}: {exc}; run `cdcd check` for the privileges cdcd needs") from exc
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             await self.close()
-            raise SourceError(f"{self._params.where}: connecting the source failed: {exc}") from exc
+            raise SourceError(f"{self._params.where}: connecting the source failed: {reason(exc)}") from exc
         except BaseException:
             await self.close()
             raise

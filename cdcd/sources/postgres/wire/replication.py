@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import SourceError, SourceFatal, reason
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
 from cdcd.sources.postgres.connection import ConnectParams as ConnectParams
@@ -155,7 +155,8 @@ class ReplicationConnection:
                 f"{params.where}: no answer within {params.connect_timeout_s}s; check host, port and firewall"
             ) from None
         except OSError as exc:
-            raise SourceError(f"{params.where}: cannot connect: {exc}; check that the server runs and listens") from exc
+            raise SourceError(f"{params.where}: cannot connect: {reason(exc)}; check that the server runs and "
+                              "listens") from exc
 
     @classmethod
     async def _connect(cls, params: ConnectParams) -> ReplicationConnection:
