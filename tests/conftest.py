@@ -51,7 +51,8 @@ SLOWEST_FIRST = (
     "test_faults_network.py", "test_faults_disk.py", "test_operator_snapshot.py", "test_postgres_inprogress_crash.py",
     "test_mysql_identity.py", "test_postgres_identity.py", "test_bench_smoke.py", "test_spark_lakehouse.py",
     "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
-    "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_submit.py",
+    "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_submit.py", "test_spark_follow.py",
+    "test_postgres_server_stop.py",
 )
 
 
@@ -60,7 +61,23 @@ def _module_scoped(item: pytest.Item) -> bool:
     return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
+def _mark(item: pytest.Item) -> None:
+    """The markers come from one place: ``slow`` is every test of a file in ``SLOWEST_FIRST``, ``spark`` every
+    test that takes the worker's Spark session (the e2e files that start `cdcd spark run` mark themselves)."""
+    if Path(item.path).name in SLOWEST_FIRST:
+        item.add_marker(pytest.mark.slow)
+    if {"spark", "spark_worker"} & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.spark)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        _mark(item)
+    marked_slow = sorted({Path(i.path).name for i in items if Path(i.path).name not in SLOWEST_FIRST
+                          and any(m.name == "slow" for m in i.iter_markers())})
+    if marked_slow:
+        raise pytest.UsageError(f"tests/conftest.py: {marked_slow} are marked slow: put them in SLOWEST_FIRST "
+                                "(which marks its files slow) instead")
     shared = sorted({Path(i.path).name for i in items if Path(i.path).name in SPREAD and _module_scoped(i)})
     if shared:
         raise pytest.UsageError(f"tests/conftest.py: {shared} have module-scoped fixtures; take them out of SPREAD")
