@@ -8,7 +8,7 @@ the merge has just created when the events are one insert or update per key (no
 delete, truncate, key change or unavailable column): the landed rows are the mirror's
 rows, and the landed columns the mirror does not have are not read (a Delta reader
 reads the table's columns by name; the mirror is created with its column names as
-physical names, ``lakehouse.ddl``). Then each file is linked (hard link; a copy
+physical names, ``Delta.create``). Then each file is linked (hard link; a copy
 across file systems) into the table's directory, and one Delta commit adds them,
 recording the segment's last batch in the same idempotent-write transaction (appId
 ``cdcd-changelog`` or ``cdcd-mirror``, version = batch seq) as Spark's append would.
@@ -98,5 +98,5 @@ def adopt(spark: SparkSession, table: Path, files: list[LandedFile], app_id: str
     operation = getattr(delta, "DeltaOperations$Write")(append, none, none, none, none, none, none, none, none)
     log = delta.DeltaLog.forTable(spark._jsparkSession, table.as_uri())
     # no txnVersion(app_id) check in the transaction: it reconstructs the table's state with a Spark job (1 s
-    # and more); the caller has checked the table's record (``lakehouse.applied_seq``) and is its only writer
+    # and more); the caller has checked the table's record (``Delta.applied_seq``) and is its only writer
     log.startTransaction().commit(seq_actions, operation)

@@ -7,8 +7,8 @@ have gaps), one landing run at a time. The target's own journal
 (``cdcd.spark.state``) is the commit record: a batch is skipped when the
 target already holds it, whatever Spark's checkpoint says, and its consumed
 marker is written only after the target commit. How a segment of batches
-reaches the tables is the format's ``ApplyStrategy`` (``cdcd.spark.strategy``):
-``cdcd.spark.parquet`` or ``cdcd.spark.lakehouse``. Runnable with spark-submit
+reaches the tables is the format's ``TableFormat`` (``cdcd.spark.strategy``), chosen once (``make_strategy``):
+``cdcd.spark.parquet``, ``cdcd.spark.delta`` or ``cdcd.spark.iceberg``. Runnable with spark-submit
 through ``cdcd/spark/consumer.py``:
 ``spark-submit cdcd/spark/consumer.py --landing L --target T [--once]``; its arguments are
 ``cdcd.spark.args`` (one parser for every way to start it).
@@ -27,7 +27,6 @@ abandon the merge (exit 3). Exit codes: 0 done or stopped, 1 a merge or the quer
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sqlite3
@@ -35,7 +34,6 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -52,13 +50,13 @@ from cdcd.landing.zone import read_zone_id
 from cdcd.logging import configure_logging, get_logger
 from cdcd.spark import args as arguments
 from cdcd.spark.args import DEFAULT_BUCKETS, FORMATS
-from cdcd.spark.lakehouse import LakehouseStrategy, Names, prepare_run
+from cdcd.spark.formats import lakehouse_format
 from cdcd.spark.metrics import MetricsServer, Progress
-from cdcd.spark.parquet import ParquetStrategy
+from cdcd.spark.parquet import Parquet
 from cdcd.spark.session import end_local_jvm, quiet_python_loggers, session, stop_local
 from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore, lock_target
 from cdcd.spark.stopping import DEFAULT_STOP_TIMEOUT_S, GUARD, JVM_EXIT_S, STOP_SIGNALS
-from cdcd.spark.strategy import FAILED_TABLE, Applied, ApplyStrategy, Segment
+from cdcd.spark.strategy import FAILED_TABLE, Segment, TableFormat
 
 __all__ = ["DEFAULT_BUCKETS", "FORMATS", "Consumer", "main", "run"]
 
@@ -71,11 +69,13 @@ MESSAGE_MAX = 2000
 _log = get_logger("cdcd.spark")
 
 
-def make_strategy(fmt: str, spark: SparkSession, store: TargetStore, buckets: int) -> ApplyStrategy:
-    """The apply strategy of the target format ``fmt``."""
+def make_strategy(fmt: str, store: TargetStore, buckets: int) -> TableFormat:
+    """The strategy of the target format ``fmt``; a Delta Lake or Iceberg target is marked as the format's."""
     if fmt == "parquet":
-        return ParquetStrategy(spark, store, buckets)
-    return LakehouseStrategy(spark, store, fmt)
+        return Parquet(store, buckets)
+    strategy = lakehouse_format(fmt, store.target)
+    strategy.claim(store.state_dir)
+    return strategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +143,7 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
                "rebuild: a new snapshot into a new landing zone and a fresh --target (docs/operations.md, Faults)")
     elif "DELTA_UNSUPPORTED_ALTER_TABLE_CHANGE_COL_OP" in text and table is not None:
         schema, name = table.split(".", 1)
-        names = Names(fmt, target)
+        names = lakehouse_format(fmt, target)
         tables = " and ".join(names.ref(kind, schema, name) for kind in ("changelog", "tables"))
         fix = (f"the source changed a column's type and Delta Lake changes a column's type only with type "
                f"widening: run ALTER TABLE ... SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true') on {tables}, "
@@ -158,77 +158,6 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
         fix = f"the consumer's user may not write or read a file it needs: check the ownership of {target} and " \
               f"{landing}"
     return Failure(table, span, message, fix, trace)
-
-
-class FileCounts:
-    """Data files a merge added, and files it rewrote or removed, read from the tables' own commit records.
-
-    Parquet: the change-log files staged and the buckets rewritten. Delta Lake: the add and remove actions of
-    the commits made since the merge started; each table's last commit version is kept, so a merge reads only
-    its own commits (the first one of a table in this process lists its log once). Iceberg in the job's
-    default catalog: the summaries of the snapshots made since the merge started, from the table's current
-    metadata (the catalog's SQLite file says which). None: not known (a catalog given with --conf)."""
-
-    def __init__(self, fmt: str, target: Path) -> None:
-        self.fmt = fmt
-        self.target = target
-        self.names = Names(fmt, target)
-        self.versions: dict[Path, int] = {}  # a Delta log's last commit version seen
-
-    def _logs(self, tables: list[tuple[str, str]]) -> list[Path]:
-        return [self.names.location(kind, s, t) / "_delta_log" for s, t in tables for kind in ("changelog", "tables")]
-
-    def before(self, tables: list[tuple[str, str]]) -> None:
-        """Called before a merge: the versions of Delta logs not seen yet."""
-        if self.fmt != "delta":
-            return
-        for log in self._logs(tables):
-            if log not in self.versions:
-                found = [int(n[:-5]) for n in (os.listdir(log) if log.is_dir() else ())
-                         if n.endswith(".json") and n[:-5].isdigit()]
-                self.versions[log] = max(found, default=-1)
-
-    def after(self, applied: Applied, tables: list[tuple[str, str]], since: float) -> tuple[int | None, int | None]:
-        if self.fmt == "parquet":
-            return len(applied.files), len(applied.buckets)
-        if self.fmt == "delta":
-            return self._delta(tables)
-        return self._iceberg(tables, since)
-
-    def _delta(self, tables: list[tuple[str, str]]) -> tuple[int, int]:
-        added = rewritten = 0
-        for log in self._logs(tables):
-            version = self.versions.get(log, -1) + 1
-            while (commit := log / f"{version:020d}.json").is_file():
-                for line in commit.read_text().splitlines():
-                    action = json.loads(line) if line.strip() else {}
-                    added += "add" in action
-                    rewritten += "remove" in action
-                self.versions[log] = version
-                version += 1
-        return added, rewritten
-
-    def _iceberg(self, tables: list[tuple[str, str]], since: float) -> tuple[int | None, int | None]:
-        catalog = self.target / "state" / "iceberg-catalog.db"
-        if not catalog.is_file():
-            return None, None
-        added = rewritten = 0
-        with closing(sqlite3.connect(f"{catalog.resolve().as_uri()}?mode=ro", uri=True, timeout=10)) as db:
-            for schema, table in tables:
-                for kind in ("changelog", "tables"):
-                    row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND "
-                                     "table_name = ?", (f"{kind}.{schema}", table)).fetchone()
-                    if row is None:
-                        return None, None
-                    metadata = json.loads(Path(str(row[0]).removeprefix("file:").replace("///", "/", 1))
-                                          .read_text())
-                    for snap in metadata.get("snapshots", []):
-                        if snap.get("timestamp-ms", 0) >= since * 1000:
-                            summary = snap.get("summary", {})
-                            added += int(summary.get("added-data-files", 0)) + int(summary.get("added-delete-files", 0))
-                            rewritten += (int(summary.get("deleted-data-files", 0))
-                                          + int(summary.get("removed-delete-files", 0)))
-        return added, rewritten
 
 
 class Consumer:
@@ -247,11 +176,10 @@ class Consumer:
         self.stop = stop if stop is not None else threading.Event()
         self.failed: MergeFailed | None = None  # a merge of the stream failed: the loop stops and exits 1
         self.state: ConsumerState = self.store.recover()
-        self.strategy = make_strategy(fmt, spark, self.store, buckets)
+        self.strategy = make_strategy(fmt, self.store, buckets)
         self.applied_events = 0
         self.applied_seconds = 0.0
         self.progress = progress if progress is not None else Progress(landing, fmt)
-        self.files = FileCounts(fmt, target)
         self.progress.applied_seq = self.state.applied_seq
         self.progress.tables = {t: (None, s.watermark) for t, s in self.state.tables.items()}
         if self.state.applied_seq in landed_seqs(landing):
@@ -312,8 +240,8 @@ class Consumer:
         segment = Segment(self.landing, batches)
         try:
             tables = sorted(segment.tables())
-            self.files.before(tables)
-            applied = self.strategy.apply(segment, self.state.tables)
+            self.strategy.files_before(tables)
+            applied = self.strategy.apply(self.spark, segment, self.state.tables)
             new_state = ConsumerState(segment.last, dict(self.state.tables))
             new_state.tables.update(applied.tables)
             journal = {"state": new_state.to_json(), "files": applied.files, "buckets": applied.buckets}
@@ -329,7 +257,7 @@ class Consumer:
         self.applied_events += applied.events
         self.applied_seconds += took
         try:
-            added, rewritten = self.files.after(applied, tables, wall)
+            added, rewritten = self.strategy.files_after(applied, tables, wall)
         except (OSError, ValueError, sqlite3.Error) as exc:  # the merge is committed: its line goes out without them
             _log.warning("the merge's files not counted", error=str(exc), error_type=type(exc).__name__)
             added = rewritten = None
@@ -392,7 +320,8 @@ def run(
             return ExitCode.USAGE
     try:
         if fmt != "parquet":
-            problem = prepare_run(fmt, target_path, dedicated)  # classpath, session extensions, target's format
+            # classpath, session extensions, the target's format
+            problem = lakehouse_format(fmt, target_path).prepare_run(dedicated)
             if problem:
                 _log.error(problem)
                 return ExitCode.USAGE

@@ -5,7 +5,9 @@ then every mirror bucket the events touch (all of them on a truncate or a
 schema change) is rewritten from its existing rows and the events, by the
 ordering rule of ``cdcd.spark.rule``. The staged files and directories are
 moved into place by the job's journal (``cdcd.spark.state``), so a
-micro-batch is in the target entirely or not at all.
+micro-batch is in the target entirely or not at all. Completed re-snapshots
+(``Segment.covered``) remove the mirror rows below their threshold in the same
+rewrite, or in a rewrite of their own for a table without events.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
 from cdcd.landing.reader import LandedFile
-from cdcd.spark.covered import covered, rewrite_parquet, threshold
 from cdcd.spark.rule import (
     KIND,
     MIRROR_META,
@@ -39,6 +40,13 @@ from cdcd.spark.state import TableState, TargetStore
 from cdcd.spark.strategy import Applied, Segment, applying
 
 BUCKET = "cdc_bucket"
+
+
+def threshold(truncate_pos: str | None, below: str | None) -> str | None:
+    """The one position below which a table's mirror rows go: a truncate's, a covered record's, the higher."""
+    if truncate_pos is None or below is None:
+        return truncate_pos if below is None else below
+    return max(truncate_pos, below)
 
 
 @dataclass(slots=True)
@@ -312,27 +320,54 @@ def _write_mirror(spark: SparkSession, t: TableInput, out: DataFrame, plan: Rewr
         result.buckets.append((str(new) if new.is_dir() else None, str(t.table_dir / f"{BUCKET}={b}")))
 
 
-class ParquetStrategy:
+def rewrite_parquet(spark: SparkSession, table_dir: Path, prev: TableState, below: str,
+                    work: Path) -> tuple[TableState, list[tuple[str | None, str]]]:
+    """A mirror table without events in the segment but with a covered record: rewrite the buckets that hold rows
+    below.
+
+    One job finds those buckets (and how many rows go), one writes them again without those rows;
+    the returned swaps go into the job's journal like the bucket rewrite's.
+    """
+    if not any(table_dir.glob(f"{BUCKET}=*/*.parquet")):
+        return prev, []
+    mirror = spark.read.option("basePath", str(table_dir)).parquet(str(table_dir))
+    below_lit = F.lit(below)
+    gone = {int(r[BUCKET]): int(r["n"]) for r in mirror.filter(F.col("_cdc_pos") < below_lit)
+            .groupBy(BUCKET).agg(F.count(F.lit(1)).alias("n")).collect()}
+    if not gone:
+        return prev, []
+    dirs = [str(table_dir / f"{BUCKET}={b}") for b in sorted(gone)]
+    staged = work / f"covered-{uuid.uuid4().hex[:12]}"
+    kept = spark.read.option("basePath", str(table_dir)).parquet(*dirs).filter(F.col("_cdc_pos") >= below_lit)
+    kept.write.partitionBy(BUCKET).parquet(str(staged))
+    swaps: list[tuple[str | None, str]] = []
+    for b in sorted(gone):
+        new = staged / f"{BUCKET}={b}"
+        swaps.append((str(new) if new.is_dir() else None, str(table_dir / f"{BUCKET}={b}")))
+    rows = None if prev.rows is None else prev.rows - sum(gone.values())
+    return replace(prev, rows=rows), swaps
+
+
+class Parquet:
     """``--format parquet``: each table of a segment through ``apply_table``; the job's journal swaps them in."""
 
-    label = ""
+    name = "parquet"
 
-    def __init__(self, spark: SparkSession, store: TargetStore, buckets: int) -> None:
-        self.spark = spark
+    def __init__(self, store: TargetStore, buckets: int) -> None:
         self.store = store
         self.buckets = buckets  # of a new mirror table (sized up from its rows)
 
-    def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
+    def apply(self, spark: SparkSession, segment: Segment, tables: dict[str, TableState]) -> Applied:
         work = self.store.work_dir / f"{segment.first:020d}"
         out = Applied()
-        cover = covered(segment)
+        cover = segment.covered()
         for n, ((schema, name), files) in enumerate(sorted(segment.tables().items())):
             table = f"{schema}.{name}"
             t = TableInput(table, files, tables.get(table, TableState()), segment.run_id,
                            self.store.table_dir(table), self.store.changelog_dir(table), work / f"t{n}")
             c = cover.pop((schema, name), None)
             with applying(table):
-                r = apply_table(self.spark, t, self.buckets, c.below if c else None)
+                r = apply_table(spark, t, self.buckets, c.below if c else None)
             out.tables[table] = r.state
             out.events += r.events
             out.timings[table] = r.timings
@@ -341,7 +376,15 @@ class ParquetStrategy:
         for (schema, name), c in sorted(cover.items()):  # covered tables without events in the segment
             table = f"{schema}.{name}"
             if table in tables:
-                out.tables[table], swaps = rewrite_parquet(self.spark, self.store.table_dir(table), tables[table],
+                out.tables[table], swaps = rewrite_parquet(spark, self.store.table_dir(table), tables[table],
                                                            c.below, work)
                 out.buckets += swaps
         return out
+
+    def files_before(self, tables: list[tuple[str, str]]) -> None:
+        pass
+
+    def files_after(self, applied: Applied, tables: list[tuple[str, str]],
+                    since: float) -> tuple[int | None, int | None]:
+        """The change-log files staged and the buckets rewritten."""
+        return len(applied.files), len(applied.buckets)

@@ -1,11 +1,12 @@
 """What the job asks of a target format: apply one segment of landed batches.
 
 The job (``cdcd.spark.job``) cuts the landed batches into segments (one daemon
-run each, bounded in size), hands each to the format's ``ApplyStrategy``, then
-commits the outcome in the target's journal and marks the batches consumed.
-Strategies: ``cdcd.spark.parquet`` (the bucket rewrite) and
-``cdcd.spark.lakehouse`` (MERGE INTO on Delta Lake and Iceberg); both apply the
-one ordering rule of ``cdcd.spark.rule``.
+run each, bounded in size), hands each to the format's ``TableFormat`` (chosen
+once, ``job.make_strategy``), then commits the outcome in the target's journal
+and marks the batches consumed. One strategy per format, each owning its DDL,
+its commit record and its apply: ``cdcd.spark.parquet`` (the bucket rewrite),
+``cdcd.spark.delta`` and ``cdcd.spark.iceberg`` (MERGE INTO, sharing
+``cdcd.spark.lakehouse``); all apply the one ordering rule of ``cdcd.spark.rule``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cdcd.landing.reader import LandedFile, table_files
+from pyspark.sql import SparkSession
+
+from cdcd.landing.reader import Covered, LandedFile, covered_tables, table_files
 from cdcd.spark.state import TableState
 
 
@@ -43,6 +46,19 @@ class Segment:
         """The segment's landed files per (schema, table), in batch order."""
         return table_files(self.landing, self.batches)
 
+    def covered(self) -> dict[tuple[str, str], Covered]:
+        """The segment's covered records (completed re-snapshots) per (schema, table).
+
+        A record says: every row the source still has was landed at a position at or above ``below``
+        (docs/landing-format.md), so the table's mirror rows with ``_cdc_pos < below`` were deleted
+        behind cdcd's back and go. It is the truncate rule with a threshold that is not the record's own
+        position, applied after the segment's events (a segment is one daemon run, whose positions
+        increase, so every event after the record is above ``below`` and nothing it writes is removed).
+        The change-log gets nothing: it holds what the source sent, and the source sent no delete. Each
+        format applies them in its own apply.
+        """
+        return covered_tables(self.batches)
+
 
 @dataclass(slots=True)
 class Applied:
@@ -55,14 +71,24 @@ class Applied:
     buckets: list[tuple[str | None, str]] = field(default_factory=list)  # staged directories to swap in
 
 
-class ApplyStrategy(Protocol):
-    """One target format."""
+class TableFormat(Protocol):
+    """One target format (``--format``): its DDL, its commit record, its apply."""
 
-    #: How the job's log line names the format ("" for none).
-    label: str
+    #: The --format value.
+    name: str
 
-    def apply(self, segment: Segment, tables: dict[str, TableState]) -> Applied:
+    def apply(self, spark: SparkSession, segment: Segment, tables: dict[str, TableState]) -> Applied:
         """Apply the segment on top of the tables' current state (from the journal); stage what needs a commit."""
+        ...
+
+    def files_before(self, tables: list[tuple[str, str]]) -> None:
+        """Called before a merge of these tables (``files_after``)."""
+        ...
+
+    def files_after(self, applied: Applied, tables: list[tuple[str, str]],
+                    since: float) -> tuple[int | None, int | None]:
+        """Data files the merge (started at ``since``, epoch seconds) added, and files it rewrote or removed, read
+        from what it committed (the merge's log line); None: not known."""
         ...
 
 

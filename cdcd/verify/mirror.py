@@ -1,7 +1,7 @@
 """Read a mirror or change-log table of the target, whatever its format.
 
 Parquet with pyarrow; Delta Lake and Iceberg through Spark, with the job's own
-session and catalog settings (``cdcd.spark.lakehouse``), imported only then.
+session and catalog settings (the format's strategy, ``cdcd.spark.formats``), imported only then.
 """
 
 from __future__ import annotations
@@ -25,22 +25,22 @@ def read_table(target: Path, table: str, kind: str = "tables") -> pa.Table | Non
     """A mirror (``tables``) or change-log (``changelog``) of any format as an Arrow table; None when absent.
 
     Parquet with pyarrow; Delta Lake and Iceberg through Spark with the job's own
-    session and catalog settings (``cdcd.spark.lakehouse``).
+    session and catalog settings (the format's strategy, ``cdcd.spark.formats``).
     """
     fmt = target_format(target)
     if fmt == "parquet":
         path = target / kind / table
         return ds.dataset(path).to_table() if path.is_dir() else None
-    from cdcd.spark.lakehouse import Names, prepare_run
+    from cdcd.spark.formats import lakehouse_format
 
-    problem = prepare_run(fmt, target)
+    names = lakehouse_format(fmt, target)
+    problem = names.prepare_run()
     if problem is not None:
         raise ValueError(problem)
     from pyspark.sql import SparkSession
 
     spark = SparkSession.getActiveSession()
     assert spark is not None
-    names = Names(fmt, target)
     schema, name = table.split(".", 1)
     if not names.exists(spark, kind, schema, name):
         return None

@@ -49,13 +49,13 @@ def mirror_commits(target: Path, fmt: str) -> int | None:
     """Commits of the orders mirror (Delta versions, Iceberg snapshots); None for Parquet."""
     from pyspark.sql import SparkSession
 
-    from cdcd.spark.lakehouse import Names
+    from cdcd.spark.formats import lakehouse_format
 
     if fmt == "parquet":
         return None
     session = SparkSession.getActiveSession()
     assert session is not None
-    ref = Names(fmt, target).ref("tables", "public", "orders")
+    ref = lakehouse_format(fmt, target).ref("tables", "public", "orders")
     if fmt == "delta":
         return session.sql(f"DESCRIBE HISTORY {ref}").count()
     return session.table(ref + ".`snapshots`").count()

@@ -114,7 +114,7 @@ async def test_the_table_records_its_batches_and_a_batch_applied_twice_changes_n
     """
     from pyspark.sql import SparkSession
 
-    from cdcd.spark.lakehouse import Names, applied_seq
+    from cdcd.spark.formats import lakehouse_format
 
     landing, target = tmp_path / "landing", tmp_path / "target"
     h = test_spark_consumer.history()
@@ -122,10 +122,10 @@ async def test_the_table_records_its_batches_and_a_batch_applied_twice_changes_n
     apply(landing, target, fmt)
     session = SparkSession.getActiveSession()
     assert session is not None
-    names = Names(fmt, target)
+    names = lakehouse_format(fmt, target)
     for kind, step in (("tables", "mirror"), ("changelog", "changelog")):
-        assert applied_seq(session, names, kind, "public", "orders", step) == 5
-    assert applied_seq(session, names, "tables", "public", "log", "mirror") == 4  # the log's last batch
+        assert names.applied_seq(session, kind, "public", "orders", step) == 5
+    assert names.applied_seq(session, "tables", "public", "log", "mirror") == 4  # the log's last batch
 
     def commits(kind: str) -> int:
         ref = names.ref(kind, "public", "orders")
@@ -163,7 +163,7 @@ async def test_new_delta_tables_take_the_landed_files_as_they_are(spark: object,
     """
     from pyspark.sql import SparkSession
 
-    from cdcd.spark.lakehouse import Names, applied_seq
+    from cdcd.spark.delta import Delta
 
     landing, target = tmp_path / "landing", tmp_path / "target"
     await land(landing, [snapshot([1, 2, 3]), snapshot([4, 5])], [1, 2])
@@ -172,11 +172,11 @@ async def test_new_delta_tables_take_the_landed_files_as_they_are(spark: object,
     apply(landing, target, "delta")
     session = SparkSession.getActiveSession()
     assert session is not None
-    names = Names("delta", target)
+    names = Delta(target)
     for kind, step in (("tables", "mirror"), ("changelog", "changelog")):
         adds = delta_adds(names.location(kind, "public", "orders"))
         assert sorted((p.rsplit("-", 1)[0], size) for p, size in adds.items()) == sorted(landed.items()), adds
-        assert applied_seq(session, names, kind, "public", "orders", step) == 2
+        assert names.applied_seq(session, kind, "public", "orders", step) == 2
     assert values(target) == {i: (Decimal(f"{i}.50"), big(i)) for i in range(1, 6)}
     assert [r["_cdc_op"] for r in rows_of(target, TABLE, "changelog")] == ["r"] * 5
     assert set(rows_of(target, TABLE)[0]) == {"id", "amount", "at", "big", "blob", "_cdc_op", "_cdc_pos", "_cdc_tx",
@@ -205,19 +205,19 @@ async def test_the_record_of_applied_batches_follows_the_consumers_commits_and_a
     made) it asks the tables again, so the retry skips the change-log and does not add its events twice."""
     from pyspark.sql import SparkSession
 
-    from cdcd.spark import lakehouse
+    from cdcd.spark.delta import Delta
     from cdcd.spark.job import Consumer
 
     session = SparkSession.getActiveSession()
     assert session is not None
     reads: list[tuple[str, str]] = []
-    read = lakehouse.applied_seq
+    read = Delta.applied_seq
 
     def counted(*args: object) -> int:
         reads.append((str(args[2]), str(args[5])))
         return read(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(lakehouse, "applied_seq", counted)
+    monkeypatch.setattr(Delta, "applied_seq", counted)
     landing, target = tmp_path / "landing", tmp_path / "target"
     consumer = Consumer(session, landing, target, "delta")
     await land(landing, [snapshot([1, 2, 3])], [1])
@@ -231,7 +231,7 @@ async def test_the_record_of_applied_batches_follows_the_consumers_commits_and_a
 
     await land(landing, [[ev(Op.CREATE, 300, 1, after=row(5, amount=Decimal("5.00"), big=big(5)))]], [3])
     with monkeypatch.context() as m:
-        m.setattr(lakehouse, "_apply_mirror", failing)
+        m.setattr(Delta, "apply_mirror", failing)
         # the consumer names the batches and the table of a failed merge (cdcd.spark.job.MergeFailed)
         with pytest.raises(MergeFailed, match=r"batches 3\.\.3 of public\.orders: the mirror's statement failed"):
             consumer.apply_upto(3)

@@ -36,7 +36,10 @@ from cdcd.landing.reader import read_batch, table_files
 from cdcd.positions import PgPosition
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, prepare, release
-from cdcd.spark.lakehouse import Names, check_target, schema_changes, statements
+from cdcd.spark.delta import Delta
+from cdcd.spark.formats import lakehouse_format
+from cdcd.spark.lakehouse import statements
+from cdcd.spark.lakehouse_ddl import schema_changes
 
 pytestmark = pytest.mark.spark
 
@@ -157,7 +160,7 @@ async def test_truncate_drops_the_events_before_it(spark: SparkSession, tmp_path
             {"k": 2, "v": "c", "_cdc_op": "u", "_cdc_pos": pos(500, 4), "_cdc_batch": 4, "_cdc_delete": False,
              "_cdc_unavailable": []}
         ]
-        names = Names("delta", tmp_path / "target")
+        names = Delta(tmp_path / "target")
         plan = statements(p, names, "public", "log", None, None, ("log_src", "src"), (pos(500, 1), pos(500, 4)))
         assert plan.truncate == f"DELETE FROM {names.mirror('public', 'log')} WHERE _cdc_pos < '{pos(500, 2)}'"
     finally:
@@ -182,7 +185,7 @@ async def test_changelog_source_follows_the_change_log_schema(spark: SparkSessio
 
 def _plans(p: Prepared, fmt: str, target: Path) -> list[str]:
     """Every statement of one table's micro-batch: first application and after a schema change."""
-    names = Names(fmt, target)
+    names = lakehouse_format(fmt, target)
     fresh = statements(p, names, "public", "orders", None, None, ("cdcd_log_1", "cdcd_src_1"),
                        (pos(100, 0), pos(200, 7)))
     # tables made by an older schema: a dropped column, a missing nested key field, a narrower type, no `note`
@@ -217,7 +220,7 @@ async def test_generated_sql_parses_with_sparks_parser(spark: SparkSession, tmp_
             if fmt == "iceberg":  # each plan creates the namespaces first
                 assert kinds[:2] == kinds[6:8] == ["CreateNamespace"] * 2
                 kinds = kinds[2:6] + kinds[8:]
-            else:  # a Delta mirror switches column mapping on after its CREATE and before a drop (lakehouse.ddl)
+            else:  # a Delta mirror switches column mapping on after its CREATE and before a drop (Delta.create)
                 expected.insert(3, "SetTableProperties")
                 expected.insert(9, "SetTableProperties")
             assert kinds == expected, stmts
@@ -244,7 +247,7 @@ async def test_merge_statements_resolve_against_tables_of_the_same_schema(spark:
                           ev(Op.TRUNCATE, 200, 2),
                           ev(Op.UPDATE, 200, 3, before=small(1), after=small(2))]], [1])
     p = prepared(landing, [1])
-    names = Names("delta", tmp_path / "target")
+    names = Delta(tmp_path / "target")
     plan = statements(p, names, "public", "orders", None, None, ("cdcd_log_v", "cdcd_src_v"),
                       (pos(100, 0), pos(200, 3)))
     mirror, log = names.mirror("public", "orders"), names.changelog("public", "orders")
@@ -285,23 +288,25 @@ def test_schema_changes_of_the_tables() -> None:
                        StructField("note", StringType()),
                        StructField("_cdc_before_key", StructType([*key.fields, StructField("k2", StringType())]))])
     for fmt in ("delta", "iceberg"):
-        mirror = schema_changes(have, want, fmt, drop=True)
+        stored = lakehouse_format(fmt, Path("target")).stored_type
+        mirror = schema_changes(have, want, stored, drop=True)
         assert mirror.adds == [(["note"], StringType()), (["_cdc_before_key", "k2"], StringType())]
         assert mirror.retypes == [(["amount"], DecimalType(14, 2))]
         assert mirror.drops == [["gone"]]
-        assert schema_changes(have, want, fmt, drop=False).drops == []  # the change-log keeps old columns
+        assert schema_changes(have, want, stored, drop=False).drops == []  # the change-log keeps old columns
     assert schema_changes(StructType([StructField("a", ArrayType(IntegerType()))]),
-                          StructType([StructField("a", ArrayType(ShortType()))]), "iceberg", drop=True).retypes == []
+                          StructType([StructField("a", ArrayType(ShortType()))]),
+                          lakehouse_format("iceberg", Path("target")).stored_type, drop=True).retypes == []
 
 
 def test_a_parquet_target_is_refused(spark: SparkSession, tmp_path: Path) -> None:
     target = tmp_path / "target"
     (target / "state").mkdir(parents=True)
     (target / "state" / "consumer.json").write_text('{"applied_seq": 3, "tables": {}}')
-    problem = check_target(spark, "delta", target)
+    problem = Delta(target).check_target(spark)
     assert problem is not None and "Parquet mirror" in problem
     (target / "state" / "format").write_text("iceberg\n")
-    problem = check_target(spark, "delta", target)
+    problem = Delta(target).check_target(spark)
     assert problem is not None and "holds iceberg tables" in problem
 
 
@@ -381,7 +386,7 @@ def test_arrow_ranged_is_what_spark_reads_as_a_ranged_type(spark: SparkSession, 
 def test_physical_names_are_checked_in_nested_fields_too() -> None:
     """Landed files join an existing Delta mirror only when every field, nested ones too, is stored under its
     own name (a field added under column mapping gets a generated physical name, which landed files lack)."""
-    from cdcd.spark.lakehouse import _own_physical_names
+    from cdcd.spark.delta import _own_physical_names
 
     def field(name: str, kind: object, physical: str | None = None) -> dict[str, object]:
         return {"name": name, "type": kind, "nullable": True,

@@ -93,14 +93,14 @@ async def test_a_small_batch_reads_and_rewrites_a_small_part_of_a_large_mirror(
     spark: Any, tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from cdcd.spark import lakehouse
-    from cdcd.spark.lakehouse import Names
+    from cdcd.spark.formats import lakehouse_format
 
     # a mirror file per landed batch: Delta adopts the landed files, Iceberg writes the rows in key ranges
     monkeypatch.setattr(lakehouse, "ROWS_PER_MIRROR_FILE", PER_FILE)
     landing, target = tmp_path / "landing", tmp_path / "target"
     await land(landing, batches(), list(range(1, FILES + 1)))
     apply(landing, target, fmt)
-    ref = Names(fmt, target).mirror("public", "items")
+    ref = lakehouse_format(fmt, target).mirror("public", "items")
     files = spark.sql(f"SELECT input_file_name() AS f FROM {ref}").distinct().count()
     assert files >= FILES // 2, f"the mirror should span many files, it has {files}"
     assert spark.table(ref).count() == ROWS
@@ -147,14 +147,14 @@ async def test_a_mirror_built_from_a_snapshot_is_written_in_key_ranges(
     A snapshot applied in several merges (``MAX_SEGMENT_EVENTS``) appends each later part in key ranges too:
     a MERGE laid its inserted rows out by a hash of the key (files each spanning the part's keys)."""
     from cdcd.spark import job, lakehouse
-    from cdcd.spark.lakehouse import Names
+    from cdcd.spark.formats import lakehouse_format
 
     monkeypatch.setattr(lakehouse, "ROWS_PER_MIRROR_FILE", ROWS // 8 // merges)
     monkeypatch.setattr(job, "MAX_SEGMENT_EVENTS", ROWS // merges)
     landing, target = tmp_path / "landing", tmp_path / "target"
     await land(landing, snapshot_batches(), list(range(1, FILES + 1)))
     apply(landing, target, fmt)
-    ref = Names(fmt, target).mirror("public", "items")
+    ref = lakehouse_format(fmt, target).mirror("public", "items")
     ranges = sorted((r["lo"], r["hi"]) for r in spark.sql(
         f"SELECT input_file_name() AS f, min(id) AS lo, max(id) AS hi FROM {ref} GROUP BY f").collect())
     assert len(ranges) >= 8, ranges
