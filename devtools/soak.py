@@ -435,7 +435,7 @@ def replay(landing: Path, config_path: Path, out: Path) -> tuple[bool, str]:
             name = str(f.table)
             for r in f.data.to_pylist():
                 tie = 0 if r["_cdc_op"] == "t" else 1
-                events.setdefault(name, []).append((r["_cdc_pos"], tie, seq, r["_cdc_index"], r, f.schema["key"]))
+                events.setdefault(name, []).append((r["_cdc_pos"], tie, seq, r["_cdc_index"], r, list(f.schema.key)))
         for schema, table, below in covered_records(batch.manifest):
             events.setdefault(f"{schema}.{table}", []).append((below, 0, seq, -1, {"_cdc_op": "covered"}, []))
     lines: list[str] = []
@@ -776,7 +776,7 @@ class Soak:
                                 capture_output=True, text=True, timeout=1800, cwd=ROOT)
         (self.work / "verify.txt").write_text(verify.stdout + verify.stderr)
         replay_ok, replay_text = replay(self.landing, self.config_path, self.work / "replay.txt")
-        events = sum(int(read_manifest(self.landing, s).get("event_count", 0)) for s in landed_seqs(self.landing))
+        events = sum(read_manifest(self.landing, s).event_count for s in landed_seqs(self.landing))
         ok = verify.returncode == 0 and replay_ok
         faults = " ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"
         line = (f"soak {self.source.kind}: seed {self.seed}, {self.minutes:g} min, {self.fmt}; faults: {faults}; "

@@ -1,18 +1,23 @@
 """Batch manifests: what a landed batch holds, written last to make it visible.
 
-The writer builds them with ``file_entry`` and ``batch_manifest`` (then ``seal``);
-readers check them with ``load_manifest``. The fields are docs/landing-format.md's.
+A manifest is a typed value (``Manifest``, its ``FileEntry`` per data file with the file's ``TableEntry``, its
+``CoveredRecord`` per completed re-snapshot); the sink builds one (``file_entry``, ``batch_manifest``) and
+writes ``Manifest.to_json()`` (sealed with its checksum), readers get one back from ``read``. The fields and
+their JSON are docs/landing-format.md's ("Manifest"); ``load_manifest`` checks the document as it is on disk.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from cdcd.errors import SinkFatal
+from cdcd.events import TableSchema
 from cdcd.landing.layout import DATA, FORMAT_NAME, FORMAT_VERSION, READABLE_VERSIONS
 
 
@@ -26,8 +31,138 @@ def seal(doc: dict[str, Any]) -> dict[str, Any]:
     return {**body, "checksum": "sha256:" + hashlib.sha256(canonical(body)).hexdigest()}
 
 
+@dataclass(frozen=True, slots=True)
+class ColumnEntry:
+    """One column of a file entry's table: ``{name, arrow_type, source_type, nullable}``."""
+
+    name: str
+    arrow_type: str
+    source_type: str
+    nullable: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "arrow_type": self.arrow_type, "source_type": self.source_type,
+                "nullable": self.nullable}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ColumnEntry:
+        return cls(doc["name"], doc["arrow_type"], doc["source_type"], doc["nullable"])
+
+
+@dataclass(frozen=True, slots=True)
+class TableEntry:
+    """A file entry's ``table``: the table's schema for the file's rows."""
+
+    schema: str  # the database name for MySQL/MariaDB
+    name: str
+    version: int
+    key: tuple[str, ...]  # empty: no key
+    columns: tuple[ColumnEntry, ...]
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @classmethod
+    def of(cls, schema: TableSchema) -> TableEntry:
+        """The manifest's description of a table schema."""
+        return cls(schema.table.schema, schema.table.name, schema.version, tuple(schema.key),
+                   tuple(ColumnEntry(c.name, str(c.type), c.source_type, c.nullable) for c in schema.columns))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": self.schema, "name": self.name, "version": self.version, "key": list(self.key),
+                "columns": [c.to_json() for c in self.columns]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TableEntry:
+        return cls(doc["schema"], doc["name"], doc["version"], tuple(doc["key"]),
+                   tuple(ColumnEntry.from_json(c) for c in doc["columns"]))
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One data file of a batch."""
+
+    path: str  # relative to the landing zone: data/<seq>-<n>.parquet
+    table: TableEntry
+    rows: int
+    bytes: int
+    sha256: str
+    first_position: str
+    last_position: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "table": self.table.to_json(), "rows": self.rows, "bytes": self.bytes,
+                "sha256": self.sha256, "first_position": self.first_position, "last_position": self.last_position}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> FileEntry:
+        return cls(doc["path"], TableEntry.from_json(doc["table"]), doc["rows"], doc["bytes"], doc["sha256"],
+                   doc["first_position"], doc["last_position"])
+
+
+@dataclass(frozen=True, slots=True)
+class CoveredRecord:
+    """A completed whole-table re-snapshot: the table's rows below ``below`` are gone from the source."""
+
+    schema: str
+    name: str
+    below: str  # a _cdc_pos
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": {"schema": self.schema, "name": self.name}, "below": self.below}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CoveredRecord:
+        return cls(doc["table"]["schema"], doc["table"]["name"], doc["below"])
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A batch's manifest. ``zone_id`` is None in version 1 manifests; ``covered`` is empty before version 3."""
+
+    batch_seq: int
+    run_id: str
+    zone_id: str | None
+    source_kind: str
+    created_at: str
+    event_count: int
+    first_position: str | None  # None: no rows
+    last_position: str | None
+    files: tuple[FileEntry, ...]
+    covered: tuple[CoveredRecord, ...] = ()
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        """The sealed document (the JSON object of docs/landing-format.md, with its checksum)."""
+        doc: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "version": self.version,
+            "batch_seq": self.batch_seq,
+            "run_id": self.run_id,
+            "source_kind": self.source_kind,
+            "created_at": self.created_at,
+            "event_count": self.event_count,
+            "first_position": self.first_position,
+            "last_position": self.last_position,
+            "files": [f.to_json() for f in self.files],
+        }
+        if self.version >= 2:
+            doc["zone_id"] = self.zone_id
+        if self.version >= 3:
+            doc["covered"] = [c.to_json() for c in self.covered]
+        return seal(doc)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Manifest:
+        return cls(doc["batch_seq"], doc["run_id"], doc.get("zone_id"), doc["source_kind"], doc["created_at"],
+                   doc["event_count"], doc["first_position"], doc["last_position"],
+                   tuple(FileEntry.from_json(f) for f in doc["files"]),
+                   tuple(CoveredRecord.from_json(c) for c in doc.get("covered", ())), doc["version"])
+
+
 def load_manifest(path: Path) -> dict[str, Any]:
-    """Read and check a manifest; a damaged one is fatal (the landing zone was tampered with)."""
+    """Read and check a manifest's document; a damaged one is fatal (the landing zone was tampered with)."""
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -45,45 +180,25 @@ def load_manifest(path: Path) -> dict[str, Any]:
     return doc
 
 
-def file_entry(name: str, table: dict[str, Any], rows: int, blob: bytes, positions: set[str]) -> dict[str, Any]:
+def read(path: Path) -> Manifest:
+    """Read and check a manifest (``load_manifest``)."""
+    return Manifest.from_json(load_manifest(path))
+
+
+def file_entry(name: str, table: TableEntry, rows: int, blob: bytes, positions: set[str]) -> FileEntry:
     """A manifest's entry for the data file ``data/<name>`` holding ``blob``."""
-    return {
-        "path": f"{DATA}/{name}",
-        "table": table,
-        "rows": rows,
-        "bytes": len(blob),
-        "sha256": hashlib.sha256(blob).hexdigest(),
-        "first_position": min(positions),
-        "last_position": max(positions),
-    }
+    return FileEntry(f"{DATA}/{name}", table, rows, len(blob), hashlib.sha256(blob).hexdigest(), min(positions),
+                     max(positions))
 
 
-def covered_entry(schema: str, name: str, below: str) -> dict[str, Any]:
-    """A manifest's record of a completed whole-table re-snapshot: the table's rows below ``below`` are gone."""
-    return {"table": {"schema": schema, "name": name}, "below": below}
-
-
-def covered_records(manifest: dict[str, Any]) -> list[tuple[str, str, str]]:
+def covered_records(manifest: Manifest) -> list[tuple[str, str, str]]:
     """The (schema, table, below) records of a manifest; none before version 3."""
-    return [(c["table"]["schema"], c["table"]["name"], c["below"]) for c in manifest.get("covered", ())]
+    return [(c.schema, c.name, c.below) for c in manifest.covered]
 
 
 def batch_manifest(seq: int, run_id: str, zone_id: str, source_kind: str, rows: int, positions: set[str],
-                   files: list[dict[str, Any]], covered: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The sealed manifest that publishes batch ``seq``'s data files (and its re-snapshot records)."""
-    return seal(
-        {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "batch_seq": seq,
-            "run_id": run_id,
-            "zone_id": zone_id,
-            "source_kind": source_kind,
-            "created_at": datetime.now(UTC).isoformat(),
-            "event_count": rows,
-            "first_position": min(positions) if positions else None,
-            "last_position": max(positions) if positions else None,
-            "files": files,
-            "covered": covered or [],
-        }
-    )
+                   files: Iterable[FileEntry], covered: Iterable[CoveredRecord] = ()) -> Manifest:
+    """The manifest that publishes batch ``seq``'s data files (and its re-snapshot records)."""
+    return Manifest(seq, run_id, zone_id, source_kind, datetime.now(UTC).isoformat(), rows,
+                    min(positions) if positions else None, max(positions) if positions else None,
+                    tuple(files), tuple(covered))

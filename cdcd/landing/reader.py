@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,7 +21,7 @@ from cdcd.events import TableId
 from cdcd.fsutil import write_durably
 from cdcd.landing import layout
 from cdcd.landing.layout import CONSUMED, MANIFESTS
-from cdcd.landing.manifest import covered_records, load_manifest
+from cdcd.landing.manifest import FileEntry, Manifest, TableEntry, read
 
 
 @dataclass(slots=True)
@@ -30,16 +30,16 @@ class LandedFile:
 
     seq: int
     path: str
-    entry: dict[str, Any]  # the manifest's file entry
+    entry: FileEntry  # the manifest's file entry
 
 
-def table_files(landing: Path, segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], list[LandedFile]]:
+def table_files(landing: Path, segment: Sequence[tuple[int, Manifest]]) -> dict[tuple[str, str], list[LandedFile]]:
     """The landed files of a run of batches (seq, manifest), per (schema, table), in batch order."""
     out: dict[tuple[str, str], list[LandedFile]] = {}
     for seq, manifest in segment:
-        for entry in manifest["files"]:
-            name = (entry["table"]["schema"], entry["table"]["name"])
-            out.setdefault(name, []).append(LandedFile(seq, str(landing / entry["path"]), entry))
+        for entry in manifest.files:
+            name = (entry.table.schema, entry.table.name)
+            out.setdefault(name, []).append(LandedFile(seq, str(landing / entry.path), entry))
     return out
 
 
@@ -51,7 +51,7 @@ class Covered:
     seq: int  # the last batch that holds such a record
 
 
-def covered_tables(segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str, str], Covered]:
+def covered_tables(segment: Sequence[tuple[int, Manifest]]) -> dict[tuple[str, str], Covered]:
     """The covered records of a run of batches (seq, manifest) per (schema, table).
 
     Several records of one table merge into the highest ``below``: applied after the run's
@@ -59,9 +59,9 @@ def covered_tables(segment: list[tuple[int, dict[str, Any]]]) -> dict[tuple[str,
     """
     out: dict[tuple[str, str], Covered] = {}
     for seq, manifest in segment:
-        for schema, name, below in covered_records(manifest):
-            had = out.get((schema, name))
-            out[(schema, name)] = Covered(max(below, had.below) if had else below, seq)
+        for c in manifest.covered:
+            had = out.get((c.schema, c.name))
+            out[(c.schema, c.name)] = Covered(max(c.below, had.below) if had else c.below, seq)
     return out
 
 
@@ -70,14 +70,14 @@ class BatchFile:
     """One landed data file, read into memory."""
 
     table: TableId
-    schema: dict[str, Any]
+    schema: TableEntry
     data: pa.Table
 
 
 @dataclass(slots=True)
 class LandedBatch:
     seq: int
-    manifest: dict[str, Any]
+    manifest: Manifest
     files: list[BatchFile] = field(default_factory=list)
     consumed: bool = False
 
@@ -95,21 +95,21 @@ def landed_seqs(path: Path | str) -> list[int]:
     return layout.seqs_in(Path(path) / MANIFESTS)
 
 
-def read_manifest(path: Path | str, seq: int) -> dict[str, Any]:
+def read_manifest(path: Path | str, seq: int) -> Manifest:
     """The checked manifest of batch ``seq``."""
-    return load_manifest(Path(path) / MANIFESTS / layout.manifest_name(seq))
+    return read(Path(path) / MANIFESTS / layout.manifest_name(seq))
 
 
 def read_batch(path: Path | str, seq: int, verify: bool = True) -> LandedBatch:
     root = Path(path)
     manifest = read_manifest(root, seq)
     batch = LandedBatch(seq, manifest, consumed=is_consumed(root, seq))
-    for entry in manifest["files"]:
-        blob = (root / entry["path"]).read_bytes()
-        if verify and hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-            raise SinkFatal(f"landing zone {root}: {entry['path']} does not match its checksum in batch {seq}")
-        t = entry["table"]
-        batch.files.append(BatchFile(TableId(t["schema"], t["name"]), t, pq.read_table(pa.BufferReader(blob))))
+    for entry in manifest.files:
+        blob = (root / entry.path).read_bytes()
+        if verify and hashlib.sha256(blob).hexdigest() != entry.sha256:
+            raise SinkFatal(f"landing zone {root}: {entry.path} does not match its checksum in batch {seq}")
+        t = entry.table
+        batch.files.append(BatchFile(TableId(t.schema, t.name), t, pq.read_table(pa.BufferReader(blob))))
     return batch
 
 

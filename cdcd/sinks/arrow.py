@@ -1,7 +1,7 @@
 """Turn the change events and row blocks of one table into an Arrow table of the landing format.
 
 The table's columns come first, in the source's order and Arrow types, then
-the ``_cdc_`` metadata columns (see docs/landing-format.md). Events are
+the ``_cdc_`` metadata columns (``cdcd.landing.columns``, docs/landing-format.md). Events are
 converted in bulk, one Arrow call per column; a RowBlock or a ChangeBlock already holds the table's columns,
 so only the metadata columns are made (constant arrays for a RowBlock, from the block's per-row arrays for a
 ChangeBlock): no Python row is built.
@@ -19,34 +19,7 @@ import pyarrow.compute as pc
 
 from cdcd.errors import SinkFatal
 from cdcd.events import ChangeBlock, ChangeEvent, Op, RowBlock, TableSchema
-
-META_FIELDS: tuple[pa.Field, ...] = (
-    pa.field("_cdc_op", pa.string(), nullable=False),
-    pa.field("_cdc_pos", pa.string(), nullable=False),
-    pa.field("_cdc_tx", pa.string()),
-    pa.field("_cdc_commit_ts", pa.timestamp("us", tz="UTC")),
-    pa.field("_cdc_snapshot", pa.bool_(), nullable=False),
-    pa.field("_cdc_unavailable", pa.list_(pa.string()), nullable=False),
-    pa.field("_cdc_batch", pa.int64(), nullable=False),
-    pa.field("_cdc_index", pa.int64(), nullable=False),
-    pa.field("_cdc_schema_version", pa.int64(), nullable=False),
-)
-
-
-def key_columns(schema: TableSchema) -> tuple[str, ...]:
-    """The merge key: the primary key, or every column for a table without one."""
-    return schema.key or schema.column_names
-
-
-def before_key_type(schema: TableSchema) -> pa.StructType:
-    return pa.struct([pa.field(k, schema.column(k).type) for k in key_columns(schema)])
-
-
-def arrow_schema(schema: TableSchema) -> pa.Schema:
-    fields = [pa.field(c.name, c.type) for c in schema.columns]
-    fields.extend(META_FIELDS)
-    fields.append(pa.field("_cdc_before_key", before_key_type(schema)))
-    return pa.schema(fields)
+from cdcd.landing.columns import arrow_schema, before_key_type
 
 
 def _row_of(event: ChangeEvent) -> dict[str, Any]:
@@ -248,17 +221,3 @@ def _block_before_keys(schema: TableSchema, block: ChangeBlock) -> pa.Array:
     assert block.key_changed is not None and block.before is not None
     keys = [block.before.column(k).combine_chunks() for k in schema.key]
     return pa.StructArray.from_arrays(keys, fields=list(kind), mask=pc.invert(block.key_changed))
-
-
-def describe_schema(schema: TableSchema) -> dict[str, Any]:
-    """The manifest's description of a table schema."""
-    return {
-        "schema": schema.table.schema,
-        "name": schema.table.name,
-        "version": schema.version,
-        "key": list(schema.key),
-        "columns": [
-            {"name": c.name, "arrow_type": str(c.type), "source_type": c.source_type, "nullable": c.nullable}
-            for c in schema.columns
-        ],
-    }

@@ -33,11 +33,12 @@ from cdcd.errors import SinkError, SinkFatal
 from cdcd.events import ChangeBlock, ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.fsutil import fsync_dir, fsync_files, storage_fix, temp_name, write_temp
 from cdcd.landing import layout
+from cdcd.landing.columns import CDC_POS
 from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
-from cdcd.landing.manifest import batch_manifest, canonical, covered_entry, file_entry
+from cdcd.landing.manifest import CoveredRecord, FileEntry, Manifest, TableEntry, batch_manifest, canonical, file_entry
 from cdcd.landing.zone import ensure_zone_id
 from cdcd.runtime.interfaces import Batch, Sink
-from cdcd.sinks.arrow import block_to_table, change_blocks_to_table, describe_schema, events_to_table
+from cdcd.sinks.arrow import block_to_table, change_blocks_to_table, events_to_table
 
 AckMode = Literal["landed", "consumed"]
 
@@ -132,11 +133,11 @@ def _group(batch: Batch) -> list[_Group]:
 
 def _positions(table: pa.Table) -> set[str]:
     """The lowest and highest ``_cdc_pos`` of a landed table (all the manifest records of them)."""
-    bounds = pc.min_max(table.column("_cdc_pos"))
+    bounds = pc.min_max(table.column(CDC_POS))
     return {bounds["min"].as_py(), bounds["max"].as_py()}
 
 
-def covered(batch: Batch) -> list[dict[str, Any]]:
+def covered(batch: Batch) -> list[CoveredRecord]:
     """The manifest records of the batch's SNAPSHOT_COVERED marks, in batch order.
 
     The mark's ``detail`` holds ``table`` (a ``TableId`` or its ``schema.table`` text) and
@@ -154,7 +155,7 @@ def covered(batch: Batch) -> list[dict[str, Any]]:
                     f"batch {batch.seq}: a {item.kind} mark at {item.position.encoded} needs detail 'table' "
                     f"(schema.table) and 'below' (a position), got {item.detail!r}: {exc}"
                 ) from exc
-            out.append(covered_entry(tid.schema, tid.name, encoded))
+            out.append(CoveredRecord(tid.schema, tid.name, encoded))
     return out
 
 
@@ -207,7 +208,7 @@ class LandingWriter:
             fsync_dir(d)
         return max([*landed, *markers], default=0)
 
-    def stage(self, batch: Batch) -> dict[str, Any]:
+    def stage(self, batch: Batch) -> Manifest:
         """Make the batch's data files durable and in place, its manifest durable under its temp name.
 
         Returns the manifest that ``publish`` renames into place. The data files and the manifest are
@@ -216,7 +217,7 @@ class LandingWriter:
         (readers list ``manifests/`` and skip temp names).
         """
         manifests, data, _ = self.dirs
-        files: list[dict[str, Any]] = []
+        files: list[FileEntry] = []
         positions: set[str] = set()
         temps: list[tuple[Path, Path]] = []  # (temp, final) of each data file
         rows = 0
@@ -228,25 +229,25 @@ class LandingWriter:
             found = _positions(table)
             positions |= found
             rows += group.rows
-            files.append(file_entry(name, describe_schema(group.schema), table.num_rows, blob, found))
+            files.append(file_entry(name, TableEntry.of(group.schema), table.num_rows, blob, found))
         manifest = batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
                                   covered(batch))
         final = manifests / layout.manifest_name(batch.seq)
-        manifest_temp = write_temp(final, canonical(manifest))
+        manifest_temp = write_temp(final, canonical(manifest.to_json()))
         fsync_files([*(t for t, _ in temps), manifest_temp])
         for temp, path in temps:
             os.replace(temp, path)
         fsync_dir(data)  # the data files' names are durable before the manifest can name them
         return manifest
 
-    def publish(self, manifest: dict[str, Any]) -> None:
+    def publish(self, manifest: Manifest) -> None:
         """Rename the staged manifest into place (the batch becomes visible) and make the rename durable."""
         manifests, _, _ = self.dirs
-        final = manifests / layout.manifest_name(manifest["batch_seq"])
+        final = manifests / layout.manifest_name(manifest.batch_seq)
         os.replace(temp_name(final), final)
         fsync_dir(manifests)
 
-    def land(self, batch: Batch) -> dict[str, Any]:
+    def land(self, batch: Batch) -> Manifest:
         try:
             manifest = self.stage(batch)
             self.publish(manifest)

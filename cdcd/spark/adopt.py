@@ -35,6 +35,7 @@ from urllib.parse import quote
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from cdcd.landing.columns import CDC_POS
 from cdcd.landing.reader import LandedFile
 
 
@@ -46,16 +47,16 @@ def same_columns(landed: StructType, table: StructType) -> bool:
 
 def one_version(files: list[LandedFile]) -> bool:
     """Whether the files were landed under one schema version (the same columns)."""
-    return all(f.entry["table"]["columns"] == files[0].entry["table"]["columns"] for f in files)
+    return all(f.entry.table.columns == files[0].entry.table.columns for f in files)
 
 
 def _stats(f: LandedFile, extra: dict[str, Any]) -> str:
     """Delta's statistics of an added file: its rows, the manifest's ``_cdc_pos`` bounds and ``extra``'s
     (``minValues``, ``maxValues``, ``nullCount`` by column)."""
-    lows: dict[str, Any] = {"_cdc_pos": f.entry["first_position"], **extra.get("minValues", {})}
-    highs: dict[str, Any] = {"_cdc_pos": f.entry["last_position"], **extra.get("maxValues", {})}
-    nulls: dict[str, Any] = {"_cdc_pos": 0, **extra.get("nullCount", {})}  # every landed event has a position
-    return json.dumps({"numRecords": int(f.entry["rows"]), "minValues": lows, "maxValues": highs,
+    lows: dict[str, Any] = {CDC_POS: f.entry.first_position, **extra.get("minValues", {})}
+    highs: dict[str, Any] = {CDC_POS: f.entry.last_position, **extra.get("maxValues", {})}
+    nulls: dict[str, Any] = {CDC_POS: 0, **extra.get("nullCount", {})}  # every landed event has a position
+    return json.dumps({"numRecords": f.entry.rows, "minValues": lows, "maxValues": highs,
                        "nullCount": nulls})
 
 

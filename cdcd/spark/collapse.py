@@ -21,6 +21,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
+from cdcd.landing.columns import CDC_BEFORE_KEY, CDC_OP, CDC_POS, CDC_UNAVAILABLE
 from cdcd.landing.reader import LandedFile
 from cdcd.spark.facts import RANGED, Facts, KeyRange, landed_facts, truncates_no_row
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
@@ -55,41 +56,41 @@ class Prepared:
 
 def table_layout(files: list[LandedFile]) -> tuple[list[str], list[str]]:
     """The columns and merge key of the latest schema (all columns when the table has no key)."""
-    latest = files[-1].entry["table"]
-    cols: list[str] = [c["name"] for c in latest["columns"]]
-    return cols, list(latest["key"]) or cols
+    latest = files[-1].entry.table
+    cols = latest.column_names
+    return cols, list(latest.key) or cols
 
 
 def new_events(spark: SparkSession, files: list[LandedFile], watermark: str) -> DataFrame:
     """The landed rows; below the table's watermark they are applied already (re-delivered after a crash)."""
     events = read_events(spark, files)
-    return events.filter(F.col("_cdc_pos") >= F.lit(watermark)) if watermark else events
+    return events.filter(F.col(CDC_POS) >= F.lit(watermark)) if watermark else events
 
 
 def spark_facts(events: DataFrame, key: list[str]) -> Facts:
     """``facts.landed_facts`` as Spark jobs: counts, truncate, unavailable columns and key range in one
     aggregate; key uniqueness in a second one. For landed files whose key types differ between versions."""
-    moved = "_cdc_before_key" in events.columns
-    moves = F.count_if(F.col("_cdc_before_key").isNotNull()) if moved else F.lit(0)
-    rows = F.col("_cdc_op") != "t"
+    moved = CDC_BEFORE_KEY in events.columns
+    moves = F.count_if(F.col(CDC_BEFORE_KEY).isNotNull()) if moved else F.lit(0)
+    rows = F.col(CDC_OP) != "t"
     first = events.schema[key[0]].dataType
     ranged = isinstance(first, RANGED)
     k0 = F.when(rows, F.col(key[0]))
-    old = (F.col("_cdc_before_key").getField(key[0]).cast(first)
-           if moved and key[0] in _fields(events.schema["_cdc_before_key"].dataType) else F.lit(None).cast(first))
+    old = (F.col(CDC_BEFORE_KEY).getField(key[0]).cast(first)
+           if moved and key[0] in _fields(events.schema[CDC_BEFORE_KEY].dataType) else F.lit(None).cast(first))
     nulls = F.count_if(rows & F.col(key[0]).isNull())
     if moved:
-        nulls = nulls + F.count_if(F.col("_cdc_before_key").isNotNull() & old.isNull())
+        nulls = nulls + F.count_if(F.col(CDC_BEFORE_KEY).isNotNull() & old.isNull())
     row = events.agg(
         F.count(F.lit(1)),
-        F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))),
-        F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))),
+        F.max(F.when(F.col(CDC_OP) == "t", F.col(CDC_POS))),
+        F.array_distinct(F.flatten(F.collect_set(CDC_UNAVAILABLE))),
         moves,
         F.count_if(rows),
         F.least(F.min(k0), F.min(old)) if ranged else F.lit(None),
         F.greatest(F.max(k0), F.max(old)) if ranged else F.lit(None),
         nulls,
-        F.min(F.when(rows, F.col("_cdc_pos"))),
+        F.min(F.when(rows, F.col(CDC_POS))),
     ).first()
     assert row is not None
     found = Facts(int(row[0]), row[1], set(row[2] or ()), int(row[3]),
@@ -120,19 +121,19 @@ def collapse(
         return _one_per_key(events, cols, types), []
     actions = action_rows(events, cols, key, types, found.key_changes > 0)
     if found.truncate_pos is not None:  # the truncate removes what came before it
-        actions = actions.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+        actions = actions.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
     kept_cols = sorted(found.unavailable & set(cols))
     if found.key_changes:
         if mirror is not None:
-            moved = events.filter(F.col("_cdc_before_key").isNotNull())
-            old_keys = [F.col("_cdc_before_key").getField(k).cast(types[k]).alias(k) for k in key]
+            moved = events.filter(F.col(CDC_BEFORE_KEY).isNotNull())
+            old_keys = [F.col(CDC_BEFORE_KEY).getField(k).cast(types[k]).alias(k) for k in key]
             keys = moved.select(*old_keys).unionByName(moved.select(*[F.col(k).cast(types[k]).alias(k) for k in key]))
             # materialised: the MERGE source must not read the table it merges into (Spark 4.1 cannot plan an
             # Iceberg table reference inside the source view); these are the few rows of the moved keys
             held = mirror.join(F.broadcast(keys.distinct()), on=key, how="left_semi").localCheckpoint(eager=True)
             old = existing_rows(held, cols, key, types)
             if found.truncate_pos is not None:
-                old = old.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+                old = old.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
             actions = actions.unionByName(old)
         actions = resolve_moves(actions, key, kept_cols)
     aggs, keep, value = latest_per_key(cols, key, found.unavailable, F.struct(*ORDER))
@@ -156,8 +157,8 @@ def _one_per_key(events: DataFrame, cols: list[str], types: dict[str, DataType])
     The same rows ``collapse`` would give, without its per-key grouping: no shuffle, and the
     rows keep their landed order (keys inserted in order give the mirror files of narrow key ranges).
     """
-    deleted = F.col("_cdc_op") == "d"
-    return events.filter(F.col("_cdc_op") != "t").select(
+    deleted = F.col(CDC_OP) == "d"
+    return events.filter(F.col(CDC_OP) != "t").select(
         *[F.col(c).cast(types[c]).alias(c) for c in cols],  # a delete's non-key values are NULL as landed
         *[F.col(m) for m in MIRROR_META],
         deleted.alias(DELETE_FLAG),

@@ -35,6 +35,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdcd.landing.columns import CDC_POS
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
@@ -60,7 +61,7 @@ def plain_names(schema: StructType) -> bool:
 
 def stats_columns(p: Prepared) -> str:
     """The position and the key columns of a type Delta keeps statistics for, as a Delta property value."""
-    stats = ["_cdc_pos", *[k for k in p.key if isinstance(p.types[k], _DELTA_STATS_TYPES)]]
+    stats = [CDC_POS, *[k for k in p.key if isinstance(p.types[k], _DELTA_STATS_TYPES)]]
     return ",".join(sql.q(c) for c in dict.fromkeys(stats))
 
 

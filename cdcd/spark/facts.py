@@ -29,11 +29,12 @@ from pyspark.sql.types import (
     StringType,
 )
 
+from cdcd.landing.columns import CDC_BEFORE_KEY, CDC_OP, CDC_POS, CDC_UNAVAILABLE
 from cdcd.landing.reader import LandedFile
 
 #: Key types whose range the MERGE states as literals (others: no pruning predicate, same result).
 RANGED = (ByteType, ShortType, IntegerType, LongType, StringType, DateType, DecimalType)
-BEFORE_KEY = "_cdc_before_key"
+BEFORE_KEY = CDC_BEFORE_KEY
 
 
 @dataclass(slots=True)
@@ -87,10 +88,10 @@ def _comparable(tables: list[pa.Table], key: list[str]) -> bool:
 def _read(f: LandedFile, key: list[str], watermark: str) -> pa.Table:
     """The columns the facts need of one landed file, rows at or above the watermark."""
     have = set(pq.read_schema(f.path).names)
-    wanted = ["_cdc_op", "_cdc_pos", "_cdc_unavailable", BEFORE_KEY, *key]
+    wanted = [CDC_OP, CDC_POS, CDC_UNAVAILABLE, BEFORE_KEY, *key]
     table = pq.read_table(f.path, columns=[c for c in dict.fromkeys(wanted) if c in have])
-    if watermark and str(f.entry["first_position"]) < watermark:  # re-delivered after a crash: partly applied
-        table = table.filter(pc.greater_equal(table["_cdc_pos"], pa.scalar(watermark)))
+    if watermark and f.entry.first_position < watermark:  # re-delivered after a crash: partly applied
+        table = table.filter(pc.greater_equal(table[CDC_POS], pa.scalar(watermark)))
     return table
 
 
@@ -128,18 +129,18 @@ def landed_facts(files: list[LandedFile], key: list[str], watermark: str,
     first_rows: list[str] = []  # per file, the lowest position of its row events
     for t in tables:
         found.events += t.num_rows
-        is_row = pc.not_equal(t["_cdc_op"], "t")
+        is_row = pc.not_equal(t[CDC_OP], "t")
         cut = t.filter(pc.invert(is_row))
         if cut.num_rows:
-            truncates.append(str(pc.max(cut["_cdc_pos"]).as_py()))
+            truncates.append(str(pc.max(cut[CDC_POS]).as_py()))
         body = t.filter(is_row)
         rows += body.num_rows
         if body.num_rows:
-            first_rows.append(str(pc.min(body["_cdc_pos"]).as_py()))
-        deletes += int(pc.sum(pc.equal(t["_cdc_op"], "d")).as_py() or 0)
-        updates += int(pc.sum(pc.equal(t["_cdc_op"], "u")).as_py() or 0)
-        if "_cdc_unavailable" in t.column_names:
-            found.unavailable |= {str(v) for v in pc.unique(pc.list_flatten(t["_cdc_unavailable"])).to_pylist()
+            first_rows.append(str(pc.min(body[CDC_POS]).as_py()))
+        deletes += int(pc.sum(pc.equal(t[CDC_OP], "d")).as_py() or 0)
+        updates += int(pc.sum(pc.equal(t[CDC_OP], "u")).as_py() or 0)
+        if CDC_UNAVAILABLE in t.column_names:
+            found.unavailable |= {str(v) for v in pc.unique(pc.list_flatten(t[CDC_UNAVAILABLE])).to_pylist()
                                   if v is not None}
         # key changes and their old keys: a truncate row has no before key
         moved = t.filter(pc.is_valid(t[BEFORE_KEY])) if BEFORE_KEY in t.column_names else None
@@ -181,7 +182,7 @@ def truncates_no_row(truncate_pos: str | None, first_row_pos: str | None) -> boo
 
 def _distinct_keys(tables: list[pa.Table], key: list[str]) -> int:
     """Distinct keys of the row events, rows with a NULL in a key column left out (Spark's ``dropna``)."""
-    parts = [t.filter(pc.not_equal(t["_cdc_op"], "t")).select(key).drop_null() for t in tables]
+    parts = [t.filter(pc.not_equal(t[CDC_OP], "t")).select(key).drop_null() for t in tables]
     keys = pa.concat_tables(parts) if parts else pa.table({k: [] for k in key})
     if len(key) == 1:
         return int(pc.count_distinct(keys[key[0]]).as_py())

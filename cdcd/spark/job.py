@@ -37,7 +37,6 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import structlog
 from pyspark.sql import DataFrame, SparkSession
@@ -45,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from cdcd.daemon.exitcodes import ExitCode
 from cdcd.errors import CdcdError, ConfigError
 from cdcd.landing.layout import MANIFESTS
+from cdcd.landing.manifest import Manifest
 from cdcd.landing.reader import is_consumed, landed_seqs, mark_consumed, read_manifest
 from cdcd.landing.zone import read_zone_id
 from cdcd.logging import configure_logging, get_logger
@@ -120,14 +120,14 @@ def _message_and_trace(exc: BaseException) -> tuple[str, str]:
     return text.strip()[:MESSAGE_MAX] or type(exc).__name__, trace
 
 
-def _missing_files(landing: Path, batches: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, str, str]]:
+def _missing_files(landing: Path, batches: list[tuple[int, Manifest]]) -> list[tuple[int, str, str]]:
     """(seq, path, table) of every landed file the batches list that is not in the landing zone."""
-    return [(seq, e["path"], f"{e['table']['schema']}.{e['table']['name']}")
-            for seq, manifest in batches for e in manifest["files"] if not (landing / e["path"]).is_file()]
+    return [(seq, e.path, f"{e.table.schema}.{e.table.name}")
+            for seq, manifest in batches for e in manifest.files if not (landing / e.path).is_file()]
 
 
 def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
-             batches: list[tuple[int, dict[str, Any]]]) -> Failure:
+             batches: list[tuple[int, Manifest]]) -> Failure:
     """The error line of a failed merge: the table, the batches, the message and the fix where one is known."""
     GUARD.hold()  # the failure may come from a forced stop ending the JVM: then the stop's exit code stands
     message, trace = _message_and_trace(exc)
@@ -183,7 +183,7 @@ class Consumer:
         self.progress.applied_seq = self.state.applied_seq
         self.progress.tables = {t: (None, s.watermark) for t, s in self.state.tables.items()}
         if self.state.applied_seq in landed_seqs(landing):
-            self.progress.applied_created_at = read_manifest(landing, self.state.applied_seq).get("created_at")
+            self.progress.applied_created_at = read_manifest(landing, self.state.applied_seq).created_at
 
     def on_micro_batch(self, df: DataFrame, batch_id: int) -> None:
         # The micro-batch's new manifests are the newest ones (manifests appear in seq order), so
@@ -206,18 +206,18 @@ class Consumer:
             if seq <= self.state.applied_seq and not is_consumed(self.landing, seq):
                 mark_consumed(self.landing, seq)
         manifests = [(s, read_manifest(self.landing, s)) for s in pending]
-        segment: list[tuple[int, dict[str, Any]]] = []
+        segment: list[tuple[int, Manifest]] = []
         size = 0
         for seq, manifest in manifests:
             self._same_zone(zone, seq, manifest)
             # one daemon run per merge: the dedupe of re-delivered events relies on it
-            if segment and (manifest["run_id"] != segment[0][1]["run_id"] or size >= MAX_SEGMENT_EVENTS):
+            if segment and (manifest.run_id != segment[0][1].run_id or size >= MAX_SEGMENT_EVENTS):
                 if self.stop.is_set():
                     return
                 self._apply_segment(segment)
                 segment, size = [], 0
             segment.append((seq, manifest))
-            size += int(manifest["event_count"])
+            size += manifest.event_count
         if segment and not self.stop.is_set():
             self._apply_segment(segment)
 
@@ -229,13 +229,13 @@ class Consumer:
             _log.info(note)
         return zone
 
-    def _same_zone(self, zone: str | None, seq: int, manifest: dict[str, Any]) -> None:
-        other = manifest.get("zone_id")  # absent in version 1 manifests
+    def _same_zone(self, zone: str | None, seq: int, manifest: Manifest) -> None:
+        other = manifest.zone_id  # absent in version 1 manifests
         if zone is not None and other is not None and other != zone:
             raise ForeignZone(f"landing zone {self.landing}: batch {seq} belongs to zone {other}, not to this "
                               f"zone ({zone}); remove the batches copied in from another zone")
 
-    def _apply_segment(self, batches: list[tuple[int, dict[str, Any]]]) -> None:
+    def _apply_segment(self, batches: list[tuple[int, Manifest]]) -> None:
         started, wall = time.monotonic(), time.time()
         segment = Segment(self.landing, batches)
         try:
@@ -270,7 +270,7 @@ class Consumer:
         p.batches, p.events = p.batches + len(batches), p.events + applied.events
         p.tables = {**p.tables, **{t: (segment.last if t in names else p.tables.get(t, (None, ""))[0], s.watermark)
                                    for t, s in self.state.tables.items()}}
-        p.applied_created_at = batches[-1][1].get("created_at")
+        p.applied_created_at = batches[-1][1].created_at
         p.applied_seq = self.state.applied_seq
 
 

@@ -172,12 +172,12 @@ def apply_lakehouse_table(spark: SparkSession, fmt: Lakehouse, schema: str, tabl
         target = spark.table(fmt.mirror(schema, table)) if mirror_have is not None else None
         p = prepare(spark, files, prev.watermark, target)
     try:
-        last_pos = max(f.entry["last_position"] for f in files)
+        last_pos = max(f.entry.last_position for f in files)
         state = TableState(max(prev.watermark, last_pos), run_id,
                            [[c, p.types[c].simpleString()] for c in p.cols], 0)
         if p.facts.events == 0:  # everything re-delivered below the watermark
             return state, 0
-        lowest = max(prev.watermark, min(f.entry["first_position"] for f in files))
+        lowest = max(prev.watermark, min(f.entry.first_position for f in files))
         tag = uuid.uuid4().hex[:12]
         views = (f"cdcd_log_{tag}", f"cdcd_src_{tag}")
         with timed(took, "ddl"):
@@ -202,7 +202,7 @@ def apply_lakehouse_table(spark: SparkSession, fmt: Lakehouse, schema: str, tabl
                 log_held, log_schema = log_side.result() if log_side is not None else changelog_side()
         # an append unless the table may hold some of these events already: a batch of this
         # merge (an earlier attempt), or events the daemon landed again after its crash
-        fresh = log_held < files[0].seq and min(f.entry["first_position"] for f in files) > prev.watermark
+        fresh = log_held < files[0].seq and min(f.entry.first_position for f in files) > prev.watermark
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog") as pool:
             side = (fmt.changelog_beside(pool, spark, schema, table, files, p, log_schema, seq, took)
                     if fresh and log_held < seq else None)
@@ -216,7 +216,7 @@ def apply_lakehouse_table(spark: SparkSession, fmt: Lakehouse, schema: str, tabl
                 # below its position) and Delta records it too; Iceberg may drop whole files without a snapshot
                 # summary of ours (a metadata-only delete)
                 if mirror_held < seq:
-                    new_only = min(f.entry["first_position"] for f in files) > prev.watermark
+                    new_only = min(f.entry.first_position for f in files) > prev.watermark
                     fmt.apply_mirror(spark, schema, table, p, plan, views[1], seq, mirror_have,
                                      files=files if new_only else None)
             if side is not None:

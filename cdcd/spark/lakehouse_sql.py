@@ -13,8 +13,10 @@ from typing import Any
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
 
+from cdcd.landing.columns import CDC_OP, CDC_POS, CDC_UNAVAILABLE
+
 DELETE_FLAG = "_cdc_delete"  # collapsed source row: the key's last action removes it
-UNAVAILABLE = "_cdc_unavailable"  # collapsed source row: columns whose value is still unknown
+UNAVAILABLE = CDC_UNAVAILABLE  # collapsed source row: columns whose value is still unknown
 
 
 def q(name: str) -> str:
@@ -84,7 +86,7 @@ def change_type(table: str, column: Sequence[str], dt: DataType) -> str:
 
 def truncate_before(table: str, position: str) -> str:
     """A landed truncate: rows last changed before it go; rows changed after it (a replay) stay."""
-    return f"DELETE FROM {table} WHERE _cdc_pos < {literal(position)}"
+    return f"DELETE FROM {table} WHERE {CDC_POS} < {literal(position)}"
 
 
 def _key_match(key: Sequence[str]) -> str:
@@ -123,7 +125,7 @@ def mirror_merge(table: str, source: str, key: Sequence[str], columns: Sequence[
     bounds the target side so that only files that may hold the batch's keys are read.
     """
     on = f"{prune} AND {_key_match(key)}" if prune else _key_match(key)
-    newer = "s._cdc_pos > t._cdc_pos"
+    newer = f"s.{CDC_POS} > t.{CDC_POS}"
 
     def assign(c: str) -> str:
         if c in keep:
@@ -162,10 +164,10 @@ def changelog_merge(
     """
     on = " AND ".join(
         [
-            f"t._cdc_pos >= {literal(lowest)}",
-            f"t._cdc_pos <= {literal(highest)}",
-            "t._cdc_pos = s._cdc_pos",
-            "t._cdc_op = s._cdc_op",
+            f"t.{CDC_POS} >= {literal(lowest)}",
+            f"t.{CDC_POS} <= {literal(highest)}",
+            f"t.{CDC_POS} = s.{CDC_POS}",
+            f"t.{CDC_OP} = s.{CDC_OP}",
             *([_key_match(key)] if key else []),
         ]
     )

@@ -23,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 from cdcd import __version__
 from cdcd.daemon.httpserver import HttpServer, Response
 from cdcd.errors import CdcdError, ConfigError
+from cdcd.landing.manifest import Manifest
 from cdcd.landing.reader import landed_seqs, read_manifest
 from cdcd.logging import get_logger
 
@@ -81,9 +82,8 @@ class Progress:
         return False, self.phase
 
 
-def _created(manifest: dict[str, object]) -> float | None:
-    value = manifest.get("created_at")
-    return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
+def _created(manifest: Manifest) -> float | None:
+    return datetime.fromisoformat(manifest.created_at).timestamp()
 
 
 def landing_lag(landing: Path, applied_seq: int, applied_created_at: str | None) -> tuple[int, float]:

@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
+from cdcd.landing.columns import CDC_BATCH, CDC_BEFORE_KEY, CDC_INDEX, CDC_OP, CDC_POS, CDC_SNAPSHOT, CDC_UNAVAILABLE
 from cdcd.landing.reader import LandedFile
 from cdcd.spark.rule import (
     KIND,
@@ -85,19 +86,19 @@ def _changelog_events(
     new (they share one position), anything else is checked against the log.
     """
     w = F.lit(prev.watermark)
-    same_run_snapshot = F.col("_cdc_snapshot") & F.lit(run_id == prev.run_id)
-    ambiguous = (F.col("_cdc_pos") == w) & ~same_run_snapshot
+    same_run_snapshot = F.col(CDC_SNAPSHOT) & F.lit(run_id == prev.run_id)
+    ambiguous = (F.col(CDC_POS) == w) & ~same_run_snapshot
     if not any(changelog.glob("*.parquet")):
         return events
     logged = (
         spark.read.option("mergeSchema", "true")
         .parquet(str(changelog))
-        .filter(F.col("_cdc_pos") == w)
-        .select("_cdc_pos", "_cdc_op", *key)
+        .filter(F.col(CDC_POS) == w)
+        .select(CDC_POS, CDC_OP, *key)
         .distinct()
     )
     return events.filter(~ambiguous).unionByName(
-        _null_safe_join(events.filter(ambiguous), logged, ["_cdc_pos", "_cdc_op", *key])
+        _null_safe_join(events.filter(ambiguous), logged, [CDC_POS, CDC_OP, *key])
     )
 
 
@@ -147,12 +148,12 @@ class TableInput:
     @property
     def cols(self) -> list[str]:
         """The table's columns, latest schema."""
-        return [c["name"] for c in self.files[-1].entry["table"]["columns"]]
+        return self.files[-1].entry.table.column_names
 
     @property
     def key(self) -> list[str]:
         """The merge key: the key columns, or all columns when the table has none."""
-        return list(self.files[-1].entry["table"]["key"]) or self.cols
+        return list(self.files[-1].entry.table.key) or self.cols
 
 
 @dataclass(slots=True)
@@ -185,11 +186,11 @@ def apply_table(spark: SparkSession, t: TableInput, default_buckets: int, below:
     """
     events = read_events(spark, t.files)
     if t.prev.watermark:
-        events = events.filter(F.col("_cdc_pos") >= F.lit(t.prev.watermark))
+        events = events.filter(F.col(CDC_POS) >= F.lit(t.prev.watermark))
     # Not cached: the landed files are read twice (change-log, mirror), which costs less than caching them.
     types = {f.name: f.dataType for f in events.schema.fields}
     columns = [[c, types[c].simpleString()] for c in t.cols]
-    last_pos = max(f.entry["last_position"] for f in t.files)
+    last_pos = max(f.entry.last_position for f in t.files)
     state = TableState(max(t.prev.watermark, last_pos), t.run_id, columns, t.prev.buckets or default_buckets)
     result = TableResult(state)
     # the deduplicated events go on to the mirror too: a re-delivered event is already in it
@@ -205,32 +206,32 @@ def _write_changelog(spark: SparkSession, t: TableInput, events: DataFrame, type
                      result: TableResult) -> tuple[DataFrame, Measured]:
     """Stage the change-log files of the new events; the events without re-deliveries, and their measures."""
     buckets = result.state.buckets
-    has_before_key = "_cdc_before_key" in events.columns
+    has_before_key = CDC_BEFORE_KEY in events.columns
     # change-log: every new event, each file in position order (no coalesce: it would serialise the job)
-    first_pos = min(f.entry["first_position"] for f in t.files)
+    first_pos = min(f.entry.first_position for f in t.files)
     log = events
     if t.prev.watermark and first_pos <= t.prev.watermark:
         log = _changelog_events(spark, events, t.key, t.prev, t.run_id, t.changelog_dir)
     # everything the mirror plan depends on, measured while the change-log is written (no job of its own)
-    row_bucket = F.when(F.col("_cdc_op") != "t", _bucket([F.col(k).cast(types[k]) for k in t.key], buckets))
+    row_bucket = F.when(F.col(CDC_OP) != "t", _bucket([F.col(k).cast(types[k]) for k in t.key], buckets))
     touched_sets = [F.collect_set(row_bucket).alias("touched")]
     if has_before_key:
-        moved = [F.col("_cdc_before_key").getField(k).cast(types[k]) for k in t.key]
+        moved = [F.col(CDC_BEFORE_KEY).getField(k).cast(types[k]) for k in t.key]
         touched_sets.append(
-            F.collect_set(F.when(F.col("_cdc_before_key").isNotNull(), _bucket(moved, buckets))).alias("moved")
+            F.collect_set(F.when(F.col(CDC_BEFORE_KEY).isNotNull(), _bucket(moved, buckets))).alias("moved")
         )
-        touched_sets.append(F.count_if(F.col("_cdc_before_key").isNotNull()).alias("key_changes"))
+        touched_sets.append(F.count_if(F.col(CDC_BEFORE_KEY).isNotNull()).alias("key_changes"))
     measures = [
         F.count(F.lit(1)).alias("events"),
-        F.max(F.when(F.col("_cdc_op") == "t", F.col("_cdc_pos"))).alias("truncate"),
-        F.array_distinct(F.flatten(F.collect_set("_cdc_unavailable"))).alias("unavailable"),
+        F.max(F.when(F.col(CDC_OP) == "t", F.col(CDC_POS))).alias("truncate"),
+        F.array_distinct(F.flatten(F.collect_set(CDC_UNAVAILABLE))).alias("unavailable"),
         *touched_sets,
     ]
     seen = Observation(f"cdcd-{uuid.uuid4().hex}")
     observed = log.observe(seen, *measures)
     staged_log = t.work / "changelog"
     with _job(spark, result, "changelog"):
-        observed.sortWithinPartitions("_cdc_pos", "_cdc_batch", "_cdc_index").write.parquet(str(staged_log))
+        observed.sortWithinPartitions(CDC_POS, CDC_BATCH, CDC_INDEX).write.parquet(str(staged_log))
     tag = uuid.uuid4().hex[:12]  # a replayed batch must never overwrite the log files of its first application
     for n, part in enumerate(sorted(staged_log.glob("part-*.parquet"))):
         result.files.append((str(part), str(t.changelog_dir / f"{t.files[0].seq:020d}-{tag}-{n:04d}.parquet")))
@@ -277,12 +278,12 @@ def _mirror_rows(spark: SparkSession, t: TableInput, log: DataFrame, types: dict
     cols, key = t.cols, t.key
     actions = action_rows(log, cols, key, types, found.key_changes)
     if found.truncate_pos is not None:
-        actions = actions.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+        actions = actions.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
     merged = actions
     if plan.dirs:
         old = existing_rows(spark.read.option("basePath", str(t.table_dir)).parquet(*plan.dirs), cols, key, types)
         if found.truncate_pos is not None:
-            old = old.filter(F.col("_cdc_pos") >= F.lit(found.truncate_pos))
+            old = old.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
         merged = actions.unionByName(old)
     if found.key_changes:
         merged = resolve_moves(merged, key, sorted(found.unavailable & set(cols)))
@@ -332,13 +333,13 @@ def rewrite_parquet(spark: SparkSession, table_dir: Path, prev: TableState, belo
         return prev, []
     mirror = spark.read.option("basePath", str(table_dir)).parquet(str(table_dir))
     below_lit = F.lit(below)
-    gone = {int(r[BUCKET]): int(r["n"]) for r in mirror.filter(F.col("_cdc_pos") < below_lit)
+    gone = {int(r[BUCKET]): int(r["n"]) for r in mirror.filter(F.col(CDC_POS) < below_lit)
             .groupBy(BUCKET).agg(F.count(F.lit(1)).alias("n")).collect()}
     if not gone:
         return prev, []
     dirs = [str(table_dir / f"{BUCKET}={b}") for b in sorted(gone)]
     staged = work / f"covered-{uuid.uuid4().hex[:12]}"
-    kept = spark.read.option("basePath", str(table_dir)).parquet(*dirs).filter(F.col("_cdc_pos") >= below_lit)
+    kept = spark.read.option("basePath", str(table_dir)).parquet(*dirs).filter(F.col(CDC_POS) >= below_lit)
     kept.write.partitionBy(BUCKET).parquet(str(staged))
     swaps: list[tuple[str | None, str]] = []
     for b in sorted(gone):

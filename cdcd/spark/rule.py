@@ -19,9 +19,19 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructField, StructType
 
+from cdcd.landing.columns import (
+    CDC_BATCH,
+    CDC_BEFORE_KEY,
+    CDC_COMMIT_TS,
+    CDC_INDEX,
+    CDC_OP,
+    CDC_POS,
+    CDC_TX,
+    CDC_UNAVAILABLE,
+)
 from cdcd.landing.reader import LandedFile
 
-MIRROR_META = ("_cdc_op", "_cdc_pos", "_cdc_tx", "_cdc_commit_ts", "_cdc_batch")
+MIRROR_META = (CDC_OP, CDC_POS, CDC_TX, CDC_COMMIT_TS, CDC_BATCH)
 KIND = "_cdc_kind"  # U upsert, D delete, E existing mirror row
 RANK = "_cdc_rank"  # existing rows sort before events at the same position
 
@@ -30,7 +40,7 @@ def read_events(spark: SparkSession, files: list[LandedFile]) -> DataFrame:
     """The landed rows of one table; files of different schema versions are unioned by name."""
     groups: list[list[LandedFile]] = []
     for f in files:
-        if groups and groups[-1][-1].entry["table"]["columns"] == f.entry["table"]["columns"]:
+        if groups and groups[-1][-1].entry.table.columns == f.entry.table.columns:
             groups[-1].append(f)
         else:
             groups.append([f])
@@ -58,7 +68,7 @@ def latest_per_key(
     provides = [
         F.max_by(
             F.struct(F.col(c).alias("v")),
-            F.when((F.col(KIND) != "D") & ~F.array_contains("_cdc_unavailable", c), order),
+            F.when((F.col(KIND) != "D") & ~F.array_contains(CDC_UNAVAILABLE, c), order),
         ).alias(f"_v{i}")
         for i, c in enumerate(kept)
     ]
@@ -74,7 +84,7 @@ def latest_per_key(
 
 FROM = "_cdc_from"  # an upsert of a key change: the old key (struct of the key columns), else null
 MOVED = "_cdc_moved_out"  # the delete of a key change's old key
-ORDER = ("_cdc_pos", RANK, "_cdc_batch", "_cdc_index")
+ORDER = (CDC_POS, RANK, CDC_BATCH, CDC_INDEX)
 #: Moves of one row within one merge that an unavailable value is followed through (1 -> 2 -> 3 -> 4).
 MOVE_CHAIN = 3
 
@@ -89,8 +99,8 @@ def action_rows(events: DataFrame, cols: list[str], key: list[str], types: dict[
 
     One scan of the landed files for upserts and deletes; a second only when some update moved a key.
     """
-    moved_from = (F.when(F.col("_cdc_before_key").isNotNull(),
-                         F.struct(*[F.col("_cdc_before_key").getField(k).cast(types[k]).alias(k) for k in key]))
+    moved_from = (F.when(F.col(CDC_BEFORE_KEY).isNotNull(),
+                         F.struct(*[F.col(CDC_BEFORE_KEY).getField(k).cast(types[k]).alias(k) for k in key]))
                   if key_changes else F.lit(None)).cast(from_type(key, types))
 
     def shaped(df: DataFrame, kind: Column, moved: bool, key_from: dict[str, Column] | None = None) -> DataFrame:
@@ -100,17 +110,17 @@ def action_rows(events: DataFrame, cols: list[str], key: list[str], types: dict[
             *[F.col(m) for m in MIRROR_META],
             kind.alias(KIND),
             F.lit(1).alias(RANK),
-            F.col("_cdc_index"),
-            F.col("_cdc_unavailable"),
+            F.col(CDC_INDEX),
+            F.col(CDC_UNAVAILABLE),
             (F.lit(None).cast(from_type(key, types)) if moved else moved_from).alias(FROM),
             F.lit(moved).alias(MOVED),
         )
 
-    rows = events.filter(F.col("_cdc_op") != "t")
-    out = shaped(rows, F.when(F.col("_cdc_op") == "d", F.lit("D")).otherwise(F.lit("U")), False)
+    rows = events.filter(F.col(CDC_OP) != "t")
+    out = shaped(rows, F.when(F.col(CDC_OP) == "d", F.lit("D")).otherwise(F.lit("U")), False)
     if key_changes:
-        old_keys = {k: F.col("_cdc_before_key").getField(k) for k in key}
-        out = out.unionByName(shaped(rows.filter(F.col("_cdc_before_key").isNotNull()), F.lit("D"), True, old_keys))
+        old_keys = {k: F.col(CDC_BEFORE_KEY).getField(k) for k in key}
+        out = out.unionByName(shaped(rows.filter(F.col(CDC_BEFORE_KEY).isNotNull()), F.lit("D"), True, old_keys))
     return out
 
 
@@ -122,8 +132,8 @@ def existing_rows(old: DataFrame, cols: list[str], key: list[str], types: dict[s
         *[F.col(m) for m in MIRROR_META],
         F.lit("E").alias(KIND),
         F.lit(0).alias(RANK),
-        F.lit(0).cast("long").alias("_cdc_index"),
-        F.array().cast("array<string>").alias("_cdc_unavailable"),
+        F.lit(0).cast("long").alias(CDC_INDEX),
+        F.array().cast("array<string>").alias(CDC_UNAVAILABLE),
         F.lit(None).cast(from_type(key, types)).alias(FROM),
         F.lit(False).alias(MOVED),
     )
@@ -147,13 +157,13 @@ def resolve_moves(rows: DataFrame, key: list[str], kept: list[str]) -> DataFrame
     """
     w = Window.partitionBy(*key).orderBy(*ORDER)
     before = F.lag(F.struct(F.col(KIND).alias("k"), F.col(FROM).isNotNull().alias("moved_in"),
-                            F.col("_cdc_tx").alias("tx")), 1).over(w)
+                            F.col(CDC_TX).alias("tx")), 1).over(w)
     rows = rows.withColumn("_p1", before).withColumn("_p2", F.lag(KIND, 2).over(w))
     # a move into a key that another row still held
     crowded = F.coalesce(F.col(FROM).isNotNull() & F.col("_p1").getField("k").isin("U", "E"), F.lit(False))
     stale_delete = F.coalesce(
         F.col(MOVED) & (F.col("_p1").getField("k") == "U") & F.col("_p1").getField("moved_in")
-        & F.col("_p1").getField("tx").eqNullSafe(F.col("_cdc_tx")) & F.col("_p2").isin("U", "E"),
+        & F.col("_p1").getField("tx").eqNullSafe(F.col(CDC_TX)) & F.col("_p2").isin("U", "E"),
         F.lit(False),
     )  # no row before: not stale
     rows = rows.withColumn("_crowded", crowded).filter(~stale_delete)
@@ -164,17 +174,17 @@ def resolve_moves(rows: DataFrame, key: list[str], kept: list[str]) -> DataFrame
 
 def _carry_moved_values(rows: DataFrame, key: list[str], kept: list[str]) -> DataFrame:
     order = F.struct(*ORDER)
-    ident = F.struct("_cdc_pos", "_cdc_batch", "_cdc_index")
-    missing = F.size(F.array_intersect("_cdc_unavailable", F.array(*[F.lit(c) for c in kept]))) > 0
+    ident = F.struct(CDC_POS, CDC_BATCH, CDC_INDEX)
+    missing = F.size(F.array_intersect(CDC_UNAVAILABLE, F.array(*[F.lit(c) for c in kept]))) > 0
     movers = rows.filter(F.col(FROM).isNotNull() & (F.col(KIND) == "U") & missing).select(
         *[F.col(FROM).getField(k).alias(f"_k{i}") for i, k in enumerate(key)],
-        order.alias("_mo"), F.col("_cdc_tx").alias("_mtx"), ident.alias("_id"),
+        order.alias("_mo"), F.col(CDC_TX).alias("_mtx"), ident.alias("_id"),
     )
     # the old key's rows before the move; not a row that moved into it crowded in the same transaction
     holders = rows.filter(F.col(KIND).isin("U", "E")).select(
         *[F.col(k).alias(f"_h{i}") for i, k in enumerate(key)],
-        order.alias("_ho"), F.col("_cdc_tx").alias("_htx"), F.col("_crowded").alias("_hc"),
-        F.col("_cdc_unavailable").alias("_hu"), *[F.col(c).alias(f"_hv{i}") for i, c in enumerate(kept)],
+        order.alias("_ho"), F.col(CDC_TX).alias("_htx"), F.col("_crowded").alias("_hc"),
+        F.col(CDC_UNAVAILABLE).alias("_hu"), *[F.col(c).alias(f"_hv{i}") for i, c in enumerate(kept)],
     )
     cond = [movers[f"_k{i}"].eqNullSafe(holders[f"_h{i}"]) for i in range(len(key))]
     cond += [holders["_ho"] < movers["_mo"], ~(holders["_hc"] & holders["_htx"].eqNullSafe(movers["_mtx"]))]
@@ -185,8 +195,8 @@ def _carry_moved_values(rows: DataFrame, key: list[str], kept: list[str]) -> Dat
     rows = rows.withColumn("_id", ident).join(fills, on="_id", how="left")
     mover = F.col(FROM).isNotNull() & (F.col(KIND) == "U")
     for i, c in enumerate(kept):
-        found = mover & F.array_contains("_cdc_unavailable", c) & F.col(f"_fill{i}").isNotNull()
+        found = mover & F.array_contains(CDC_UNAVAILABLE, c) & F.col(f"_fill{i}").isNotNull()
         rows = rows.withColumn(c, F.when(found, F.col(f"_fill{i}").getField("v")).otherwise(F.col(c)))
-        rows = rows.withColumn("_cdc_unavailable", F.when(found, F.array_remove("_cdc_unavailable", c))
-                               .otherwise(F.col("_cdc_unavailable")))
+        rows = rows.withColumn(CDC_UNAVAILABLE, F.when(found, F.array_remove(CDC_UNAVAILABLE, c))
+                               .otherwise(F.col(CDC_UNAVAILABLE)))
     return rows.drop("_id", *[f"_fill{i}" for i in range(len(kept))])

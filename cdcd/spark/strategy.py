@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pyspark.sql import SparkSession
 
+from cdcd.landing.manifest import Manifest
 from cdcd.landing.reader import Covered, LandedFile, covered_tables, table_files
 from cdcd.spark.state import TableState
 
@@ -28,7 +29,7 @@ class Segment:
     """A run of landed batches (seq, manifest) of one daemon run, in seq order, applied in one merge."""
 
     landing: Path
-    batches: list[tuple[int, dict[str, Any]]]
+    batches: list[tuple[int, Manifest]]
 
     @property
     def first(self) -> int:
@@ -40,7 +41,7 @@ class Segment:
 
     @property
     def run_id(self) -> str:
-        return str(self.batches[0][1]["run_id"])
+        return self.batches[0][1].run_id
 
     def tables(self) -> dict[tuple[str, str], list[LandedFile]]:
         """The segment's landed files per (schema, table), in batch order."""

@@ -17,6 +17,7 @@ import pytest
 
 from cdcd.errors import SinkFatal
 from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableId, TableSchema
+from cdcd.landing.manifest import load_manifest
 from cdcd.landing.reader import consumed_seqs, landed_seqs, mark_consumed, read_batches
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
@@ -70,7 +71,8 @@ async def test_batch_lands_with_typed_columns_and_metadata(tmp_path: Path) -> No
     await sink.deliver(mixed_batch(7))
     [landed] = read_batches(tmp_path)
     assert landed.seq == 7 and not landed.consumed
-    m = landed.manifest
+    m = landed.manifest.to_json()
+    assert m == load_manifest(tmp_path / "manifests" / "00000000000000000007.json")  # the document as landed
     assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 3, 7, 6)
     assert m["first_position"] == PgPosition(100, 0).encoded and m["last_position"] == PgPosition(500, 1).encoded
     assert [f["rows"] for f in m["files"]] == [5, 1]
@@ -101,8 +103,8 @@ async def test_schema_change_inside_a_batch_lands_one_file_per_schema(tmp_path: 
         Batch(1, [ev(Op.CREATE, 10, 1, after=row(1)), ev(Op.CREATE, 20, 1, schema=ORDERS_V2, after=row(2, note="n"))])
     )
     [landed] = read_batches(tmp_path)
-    assert [f["table"]["version"] for f in landed.manifest["files"]] == [1, 2]
-    assert [c["name"] for c in landed.manifest["files"][1]["table"]["columns"]][-1] == "note"
+    assert [f.table.version for f in landed.manifest.files] == [1, 2]
+    assert landed.manifest.files[1].table.column_names[-1] == "note"
     assert "note" not in landed.files[0].data.column_names
     assert landed.tables[ORDERS.table].column("note").to_pylist() == [None, "n"]
 
@@ -228,7 +230,7 @@ async def test_zone_identity_is_created_once_and_stamped_on_every_manifest(tmp_p
     await again.deliver(mixed_batch(2))
     await again.close()
     assert read_zone_id(tmp_path) == zone
-    assert [b.manifest["zone_id"] for b in read_batches(tmp_path)] == [zone, zone]
+    assert [b.manifest.zone_id for b in read_batches(tmp_path)] == [zone, zone]
     # a version 1 manifest (no zone_id) stays readable
     path = tmp_path / "manifests" / "00000000000000000001.json"
     old = {k: v for k, v in load_manifest(path).items() if k not in ("zone_id", "checksum")}
@@ -256,8 +258,8 @@ async def test_a_completed_resnapshot_is_recorded_in_the_manifest(tmp_path: Path
     first, second = read_batches(tmp_path)
     assert covered_records(first.manifest) == [("public", "orders", PgPosition(150, 0).encoded),
                                                ("public", "items", PgPosition(90, 0).encoded)]
-    assert first.manifest["event_count"] == 6
-    m = second.manifest
+    assert first.manifest.event_count == 6
+    m = second.manifest.to_json()
     assert (m["event_count"], m["files"], m["first_position"], m["last_position"]) == (0, [], None, None)
     assert m["covered"] == [{"table": {"schema": "public", "name": "orders"}, "below": PgPosition(650, 0).encoded}]
     # per table over a run of batches: the highest threshold and the last batch holding a record
@@ -278,7 +280,8 @@ async def test_a_version_2_manifest_reads_without_covered_records(tmp_path: Path
     old = {k: v for k, v in load_manifest(path).items() if k not in ("covered", "checksum")}
     path.write_text(json.dumps(seal({**old, "version": 2})))
     [landed] = read_batches(tmp_path)
-    assert landed.manifest["version"] == 2 and covered_records(landed.manifest) == []
+    assert landed.manifest.version == 2 and covered_records(landed.manifest) == []
+    assert landed.manifest.to_json() == load_manifest(path)  # an older version reads back as it was landed
     path.write_text(json.dumps(seal({**old, "version": 4})))  # a newer format is refused, naming the fix
     with pytest.raises(SinkFatal, match="format version 4; this cdcd reads versions 1, 2, 3"):
         read_batches(tmp_path)

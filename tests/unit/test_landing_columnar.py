@@ -24,9 +24,10 @@ import pytest
 
 from cdcd.errors import SinkFatal
 from cdcd.events import ChangeEvent, Column, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
+from cdcd.landing.columns import arrow_schema, before_key_type, key_columns
 from cdcd.positions import MySqlPosition, PgPosition, Position
 from cdcd.runtime.interfaces import Batch
-from cdcd.sinks.arrow import arrow_schema, before_key_type, block_to_table, events_to_table, key_columns
+from cdcd.sinks.arrow import block_to_table, events_to_table
 from cdcd.sinks.landing import LandingWriter, _group, _parquet_bytes
 
 # --- the oracle: the row-by-row path as it was -------------------------------------------------------------
@@ -270,12 +271,12 @@ def test_landed_files_and_manifest_match_the_row_path(tmp_path: Path) -> None:
     writer.prepare()
     manifest = writer.land(batch)
     expected = reference_group(batch, batch.seq)
-    blobs = [(tmp_path / f["path"]).read_bytes() for f in manifest["files"]]
+    blobs = [(tmp_path / f.path).read_bytes() for f in manifest.files]
     assert blobs == [_parquet_bytes(t) for _, t, _ in expected]
     every = set().union(*(p for _, _, p in expected))
-    assert (manifest["first_position"], manifest["last_position"]) == (min(every), max(every))
-    for f, (_, _, positions) in zip(manifest["files"], expected, strict=True):
-        assert (f["first_position"], f["last_position"]) == (min(positions), max(positions))
+    assert (manifest.first_position, manifest.last_position) == (min(every), max(every))
+    for f, (_, _, positions) in zip(manifest.files, expected, strict=True):
+        assert (f.first_position, f.last_position) == (min(positions), max(positions))
 
 
 def test_a_value_that_does_not_fit_names_its_column() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
+from cdcd.landing.manifest import Manifest
 from cdcd.landing.reader import read_batch
 from cdcd.positions import PgPosition, format_lsn
 from cdcd.runtime.batcher import Batcher
@@ -55,11 +56,11 @@ def snap_events(schema: TableSchema, data: list[dict[str, object]]) -> list[Chan
     return [ChangeEvent(Op.READ, schema, W, after=r, snapshot=True) for r in data]
 
 
-def land(tmp_path: Path, name: str, batch: Batch) -> tuple[dict[str, object], list[bytes]]:
+def land(tmp_path: Path, name: str, batch: Batch) -> tuple[Manifest, list[bytes]]:
     writer = LandingWriter(tmp_path / name, "run")
     writer.prepare()
     manifest = writer.land(batch)
-    files = [(tmp_path / name / f["path"]).read_bytes() for f in manifest["files"]]  # type: ignore[attr-defined]
+    files = [(tmp_path / name / f.path).read_bytes() for f in manifest.files]
     return manifest, files
 
 
@@ -69,9 +70,9 @@ def test_a_block_lands_the_same_parquet_as_the_events_of_its_rows(tmp_path: Path
     m_block, f_block = land(tmp_path, "block", Batch(7, [block(T, data)]))
     assert f_block == f_events  # byte for byte: same schema, same values, same metadata columns
     for key in ("event_count", "first_position", "last_position"):
-        assert m_block[key] == m_events[key]
-    assert m_block["files"] == m_events["files"]
-    assert hashlib.sha256(f_block[0]).hexdigest() == m_block["files"][0]["sha256"]  # type: ignore[index]
+        assert getattr(m_block, key) == getattr(m_events, key)
+    assert m_block.files == m_events.files
+    assert hashlib.sha256(f_block[0]).hexdigest() == m_block.files[0].sha256
 
 
 def test_blocks_and_events_of_a_batch_share_one_file_per_table_in_batch_order(tmp_path: Path) -> None:
@@ -82,7 +83,7 @@ def test_blocks_and_events_of_a_batch_share_one_file_per_table_in_batch_order(tm
     mixed, _ = land(tmp_path, "mixed", Batch(4, items))
     land(tmp_path, "plain", Batch(4, [evs[0], *evs[1:11], *snap_events(U, [{"s": "a"}]), *evs[11:]]))
     got, want = read_batch(tmp_path / "mixed", 4), read_batch(tmp_path / "plain", 4)
-    assert mixed["event_count"] == 31 and [f["rows"] for f in mixed["files"]] == [30, 1]  # type: ignore[attr-defined]
+    assert mixed.event_count == 31 and [f.rows for f in mixed.files] == [30, 1]
     assert got.tables[T.table].equals(want.tables[T.table]) and got.tables[U.table].equals(want.tables[U.table])
     t = got.tables[T.table].to_pydict()
     assert t["_cdc_index"] == [*range(0, 11), *range(12, 31)]  # the row of U took index 11

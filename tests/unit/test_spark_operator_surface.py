@@ -44,9 +44,9 @@ def test_lag_counts_the_batches_not_applied_and_the_landing_time_between_the_new
 
     landing = tmp_path / "landing"
     land(landing, [1, 2, 5])  # seqs may have gaps
-    created = {s: datetime.fromisoformat(read_manifest(landing, s)["created_at"]).timestamp() for s in (1, 2, 5)}
-    assert landing_lag(landing, 5, read_manifest(landing, 5)["created_at"]) == (0, 0.0)
-    behind, seconds = landing_lag(landing, 1, read_manifest(landing, 1)["created_at"])
+    created = {s: datetime.fromisoformat(read_manifest(landing, s).created_at).timestamp() for s in (1, 2, 5)}
+    assert landing_lag(landing, 5, read_manifest(landing, 5).created_at) == (0, 0.0)
+    behind, seconds = landing_lag(landing, 1, read_manifest(landing, 1).created_at)
     assert behind == 2 and seconds == created[5] - created[1]
     behind, seconds = landing_lag(landing, 0, None)  # nothing applied yet: from the oldest landed batch
     assert behind == 3 and seconds == created[5] - created[1]
