@@ -1,20 +1,7 @@
-"""The soak: the real daemon and a following Spark consumer under a steady mixed workload while a
-seeded scheduler injects faults at random moments and in random combinations (run by scripts/soak.sh).
-
-Per source (PostgreSQL, MariaDB or both, one after the other) it starts a throwaway server
-(``devtools.servers``), a fault proxy in front of it (``tests/faultproxy.py``), `cdcd run` and
-`cdcd spark run` (following, without ``--once``) as real processes, a workload thread (inserts,
-updates, deletes, primary-key changes, large values, multi-table transactions, rollbacks) and the
-fault scheduler. At the end it stops the workload, lets everything catch up (bounded waits), stops
-the daemon gracefully, runs `cdcd verify` and the landing replay (the landing zone applied by the
-rule of docs/landing-format.md, compared with the source by verify's comparison) and prints one
-summary line per source. Exit 0 only if every verify and replay is equal. docs/testing.md, "Soak".
-"""
+"""One soak of one source: the processes, the fault scheduler, the catch-up and the comparisons at the end."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import errno
 import json
@@ -25,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import urllib.error
@@ -33,351 +19,29 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from io import StringIO
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from cdcd.config import load_config
-from cdcd.landing.manifest import covered_records
 from cdcd.landing.reader import consumed_seqs, landed_seqs, read_batch, read_manifest
-from cdcd.verify.compare import compare
-from cdcd.verify.report import report
-from cdcd.verify.source import read_source
-from devtools.servers import MariaDBServer, PostgresServer, binary, free_port, service_user, wait_port
+from devtools.servers import free_port
+from devtools.soak.common import (
+    BASE_TABLES,
+    CDCD,
+    EXTRA_TABLES,
+    FAULT_KINDS,
+    GRACE_S,
+    ROOT,
+    SoakError,
+    say,
+    wait_for,
+    wait_with_progress,
+)
+from devtools.soak.replay import replay
+from devtools.soak.sources import MariaSource, PgSource, Source
+from devtools.soak.workload import Workload
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from faultproxy import FaultProxy  # type: ignore[import-not-found]  # noqa: E402  (the suite's proxy, reused)
-
-CDCD = str(Path(sys.executable).with_name("cdcd"))
-DB = "soak"
-BASE_TABLES = ["t1", "t2"]  # captured from the start
-EXTRA_TABLES = ["x1", "x2", "x3"]  # written from the start, captured when the "table-add" fault adds them
-INITIAL_ROWS = 1000
-GRACE_S = 20.0  # runtime.shutdown_grace_s
-FAULT_KINDS = ("daemon-kill", "daemon-term", "consumer-kill", "consumer-term", "net-cut", "net-blackhole",
-               "source-restart", "table-add", "table-resync", "disk-full")
-# Schema changes are not injected yet: a later issue makes them exact. A fault kind for them goes into
-# FAULT_KINDS with its branch in Soak.inject, and the workload's statements must then follow the new columns.
-
-
-class SoakError(RuntimeError):
-    """The soak could not go on (a process or the workload failed in a way it cannot recover from)."""
-
-
-def say(text: str) -> None:
-    print(f"soak: {time.strftime('%H:%M:%S')} {text}", flush=True)
-
-
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float, step: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(step)
-    raise SoakError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def wait_with_progress(what: str, predicate: Callable[[], bool], progress: Callable[[], object], stall: float,
-                       cap: float, step: float = 2.0) -> None:
-    """Wait for ``predicate`` while ``progress()`` keeps changing: fail when it stands still for ``stall``
-    seconds, or after ``cap`` seconds in all (a long soak's backlog takes longer than a short one's)."""
-    start = last_change = time.monotonic()
-    seen = progress()
-    while not predicate():
-        now = time.monotonic()
-        if now - start > cap:
-            raise SoakError(f"timed out after {cap:g} s waiting for {what} (last progress: {seen!r})")
-        if now - last_change > stall:
-            raise SoakError(f"no progress for {stall:g} s waiting for {what} (stuck at {seen!r})")
-        time.sleep(step)
-        current = progress()
-        if current != seen:
-            seen, last_change = current, time.monotonic()
-
-
-# ------------------------------------------------------------------ the sources
-
-
-def stop_server(server: PostgresServer | MariaDBServer | None) -> None:
-    """Stop a throwaway server, also one whose start was interrupted (no directory or process yet)."""
-    if server is None:
-        return
-    if getattr(server, "root", None) is None:
-        if server.proc is not None and server.proc.poll() is None:
-            server.proc.kill()
-        return
-    server.stop()
-
-
-class Conn:
-    """A workload connection: ``run`` runs statements in one transaction, committed or rolled back."""
-
-    def __init__(self, run: Callable[[list[str], bool], None], close: Callable[[], None]) -> None:
-        self.run, self.close = run, close
-
-
-class Source:
-    """A throwaway server, its schema and the SQL dialect of the workload."""
-
-    kind: str
-    port: int
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def admin(self, sql: str) -> None:
-        raise NotImplementedError
-
-    def table_id(self, name: str) -> str:
-        raise NotImplementedError
-
-    def sections(self, proxy_port: int, tables: list[str], work: Path) -> dict[str, dict[str, Any]]:
-        raise NotImplementedError
-
-    def large(self, rng: random.Random) -> str:
-        """An SQL expression of a large text value (3 to 10 KB)."""
-        raise NotImplementedError
-
-    def restart(self, rng: random.Random) -> str:
-        """Stop the server (cleanly or as a crash), start it again on the same port; returns how."""
-        raise NotImplementedError
-
-    def connect(self) -> Conn:
-        """A workload connection."""
-        raise NotImplementedError
-
-
-class PgSource(Source):
-    kind = "postgres"
-
-    def start(self) -> None:
-        self.server = PostgresServer()  # assigned first: stop() ends a start that was interrupted
-        self.server.start()
-        self.port = self.server.port
-        self.server.create_database(DB)
-        # a short stall bound for a blackholed stream (tests/e2e/test_faults_network.py does the same)
-        self.server.psql(f"ALTER DATABASE {DB} SET wal_sender_timeout = '5s'")
-        for t in BASE_TABLES + EXTRA_TABLES:
-            # big: out of line without compression, so every value of it above ~2 KB is TOASTed
-            self.server.psql(
-                f"CREATE TABLE {t} (id bigint PRIMARY KEY, v int NOT NULL, note text, big text);"
-                f"ALTER TABLE {t} ALTER COLUMN big SET STORAGE EXTERNAL;"
-                f"INSERT INTO {t} SELECT g, g, 'init', CASE WHEN g % 10 = 0 THEN {self.large(random.Random(1))} END"
-                f" FROM generate_series(1, {INITIAL_ROWS}) g", DB)
-
-    def stop(self) -> None:
-        stop_server(getattr(self, "server", None))
-
-    def admin(self, sql: str) -> None:
-        self.server.psql(sql, DB)
-
-    def table_id(self, name: str) -> str:
-        return f"public.{name}"
-
-    def sections(self, proxy_port: int, tables: list[str], work: Path) -> dict[str, dict[str, Any]]:
-        return {"source": {"kind": "postgres", "port": proxy_port, "user": "postgres", "database": DB,
-                           "tables": [self.table_id(t) for t in tables], "sslmode": "disable",
-                           "connect_timeout_s": 3},
-                "source.postgres": {"slot": "soak", "publication": "soak", "heartbeat_s": 1}}
-
-    def large(self, rng: random.Random) -> str:
-        return f"(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, {rng.randint(100, 320)}))"
-
-    def restart(self, rng: random.Random) -> str:
-        """A crash (immediate shutdown) or a fast shutdown, bounded: a fast shutdown waits for the walsenders
-        to have sent everything and heard it confirmed; one that has not ended after 20 s becomes immediate."""
-        proc = self.server.proc
-        assert proc is not None
-        how = "crash" if rng.random() < 0.5 else "fast"
-        proc.send_signal(signal.SIGQUIT if how == "crash" else signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            how = "fast, not done after 20 s, then immediate"
-            proc.send_signal(signal.SIGQUIT)
-            proc.wait(60)
-        self.server.proc = None
-        time.sleep(rng.uniform(0, 5))
-        self.server.restart()
-        return how
-
-    def connect(self) -> Conn:
-        import asyncpg
-
-        loop = asyncio.new_event_loop()
-        try:
-            conn = loop.run_until_complete(asyncpg.connect(host="127.0.0.1", port=self.port, user="postgres",
-                                                           database=DB, timeout=10))
-        except BaseException:
-            loop.close()
-            raise
-
-        def run(statements: list[str], commit: bool) -> None:
-            end = "COMMIT" if commit else "ROLLBACK"
-            loop.run_until_complete(asyncio.wait_for(conn.execute(";".join(["BEGIN", *statements, end])), 60))
-
-        def close() -> None:
-            try:
-                loop.run_until_complete(asyncio.wait_for(conn.close(), 10))
-            finally:
-                loop.close()
-
-        return Conn(run, close)
-
-
-class MariaSource(Source):
-    kind = "mariadb"
-
-    def start(self) -> None:
-        self.server = MariaDBServer()  # assigned first: stop() ends a start that was interrupted
-        self.server.start()
-        self.port = self.server.port
-        self.server.create_database(DB)
-        for t in BASE_TABLES + EXTRA_TABLES:
-            self.server.sql(
-                f"CREATE TABLE {t} (id BIGINT PRIMARY KEY, v INT NOT NULL, note VARCHAR(100), big LONGTEXT);"
-                f"INSERT INTO {t} SELECT seq, seq, 'init', IF(seq % 10 = 0, {self.large(random.Random(1))}, NULL)"
-                f" FROM seq_1_to_{INITIAL_ROWS}", DB)
-
-    def stop(self) -> None:
-        stop_server(getattr(self, "server", None))
-
-    def admin(self, sql: str) -> None:
-        self.server.sql(sql, DB)
-
-    def table_id(self, name: str) -> str:
-        return f"{DB}.{name}"
-
-    def sections(self, proxy_port: int, tables: list[str], work: Path) -> dict[str, dict[str, Any]]:
-        return {"source": {"kind": "mariadb", "port": proxy_port, "user": "cdc", "password": "secret",
-                           "database": DB, "tables": [self.table_id(t) for t in tables], "sslmode": "disable",
-                           "connect_timeout_s": 3},
-                "source.mysql": {"server_id": 7901}}
-
-    def large(self, rng: random.Random) -> str:
-        return f"REPEAT(MD5(RAND()), {rng.randint(100, 320)})"
-
-    def restart(self, rng: random.Random) -> str:
-        """As tests/e2e/test_faults_network.py restarts it: SIGTERM (clean) or SIGKILL (a crash)."""
-        proc = self.server.proc
-        assert proc is not None
-        crash = rng.random() < 0.5
-        proc.send_signal(signal.SIGKILL if crash else signal.SIGTERM)
-        proc.wait(120)
-        time.sleep(rng.uniform(0, 5))
-        owner = service_user()
-        self.server.proc = subprocess.Popen(
-            [binary("mariadbd"), f"--defaults-file={self.server.root / 'my.cnf'}",
-             *([f"--user={owner}"] if owner else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_port(self.server.port, self.server.proc, self.server.root / "server.log", timeout=120)
-        return "crash" if crash else "clean"
-
-    def connect(self) -> Conn:
-        import pymysql
-
-        conn = pymysql.connect(host="127.0.0.1", port=self.port, user="root", password="", database=DB,
-                               autocommit=False, connect_timeout=10, read_timeout=60, write_timeout=60)
-
-        def run(statements: list[str], commit: bool) -> None:
-            with conn.cursor() as cur:
-                for s in statements:
-                    cur.execute(s)
-            if commit:
-                conn.commit()
-            else:
-                conn.rollback()
-
-        return Conn(run, conn.close)
-
-
-# ------------------------------------------------------------------ the workload
-
-
-class Workload(threading.Thread):
-    """Small transactions without pause: inserts, updates (some leaving the large value unchanged, some
-    changing it), deletes, primary-key changes, one to four of them over several tables, one in ten rolled
-    back. It keeps no model of the rows: the source itself is what the mirror is compared with."""
-
-    def __init__(self, source: Source, seed: int) -> None:
-        super().__init__(name="workload", daemon=True)
-        self.source, self.rng = source, random.Random(seed)
-        self.next_id = {t: INITIAL_ROWS + 1 for t in BASE_TABLES + EXTRA_TABLES}
-        self.stop_event = threading.Event()
-        self.commits = self.rollbacks = self.errors = 0
-        self.error: BaseException | None = None
-
-    def statement(self) -> str:
-        rng, src = self.rng, self.source
-        t = rng.choice(BASE_TABLES + EXTRA_TABLES)
-        n = self.next_id[t]
-        some = ", ".join(str(rng.randint(1, n - 1)) for _ in range(rng.randint(1, 5)))
-        kind = rng.choices(["insert", "update", "update-big", "delete", "key", "range"], [30, 30, 8, 12, 10, 3])[0]
-        if kind == "insert":
-            k = rng.randint(1, 20)
-            self.next_id[t] = n + k
-            rows = ", ".join(f"({i}, {rng.randint(0, 10**6)}, 'i{i}', "
-                             f"{src.large(rng) if rng.random() < 0.15 else 'NULL'})" for i in range(n, n + k))
-            return f"INSERT INTO {t} (id, v, note, big) VALUES {rows}"
-        if kind == "update":  # the large value is left unchanged (PostgreSQL: an unchanged TOAST value)
-            return f"UPDATE {t} SET v = v + 1, note = 'u{rng.randint(0, 999)}' WHERE id IN ({some})"
-        if kind == "update-big":
-            value = rng.choice([src.large(rng), "NULL", "'small'"])
-            return f"UPDATE {t} SET big = {value} WHERE id IN ({some})"
-        if kind == "delete":
-            return f"DELETE FROM {t} WHERE id IN ({some})"
-        if kind == "key":  # a primary-key change to a fresh id, the large value unchanged
-            self.next_id[t] = n + 1
-            return f"UPDATE {t} SET id = {n}, v = v + 1 WHERE id = {rng.randint(1, n - 1)}"
-        lo = rng.randint(1, n)
-        return f"UPDATE {t} SET v = v + 1 WHERE id BETWEEN {lo} AND {lo + 60}"
-
-    def run(self) -> None:
-        conn: Conn | None = None
-        failing_since: float | None = None
-        while not self.stop_event.is_set():
-            statements = [self.statement() for _ in range(self.rng.choices([1, 2, 3, 4], [40, 30, 20, 10])[0])]
-            commit = self.rng.random() >= 0.1
-            try:
-                if conn is None:
-                    conn = self.source.connect()
-                conn.run(statements, commit)
-                failing_since = None
-                if commit:
-                    self.commits += 1
-                else:
-                    self.rollbacks += 1
-            except Exception as exc:  # a source restart cuts the connection: reconnect, bounded
-                self.errors += 1
-                if conn is not None:
-                    with contextlib.suppress(Exception):  # the connection is broken already
-                        conn.close()
-                conn = None
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > 180:
-                    self.error = SoakError(f"the workload failed for 180 s on {self.source.kind}; last: {exc!r}")
-                    return
-                time.sleep(0.5)
-                continue
-            time.sleep(self.rng.uniform(0.005, 0.06))
-        if conn is not None:
-            conn.close()
-
-    def finish(self) -> None:
-        self.stop_event.set()
-        self.join(120)
-        if self.is_alive():
-            raise SoakError("the workload thread did not stop within 120 s")
-        if self.error is not None:
-            raise self.error
-
-
-# ------------------------------------------------------------------ the processes
+from faultproxy import FaultProxy  # type: ignore[import-not-found]
 
 
 @dataclass
@@ -416,59 +80,6 @@ class Proc:
             self.proc.wait(30)
             return None
 
-
-# ------------------------------------------------------------------ the landing replay
-
-
-def replay(landing: Path, config_path: Path, out: Path) -> tuple[bool, str]:
-    """The landing zone applied per docs/landing-format.md ("Applying batches"), compared with the source.
-
-    Every event of a table in position order (a truncate and a ``covered`` record before the events at
-    their position): upserts, deletes, key changes remove the old key, truncates and ``covered`` records
-    remove every row below their position, ``_cdc_unavailable`` columns keep the previous value. The result
-    is compared with the source by `cdcd verify`'s comparison (same normal forms)."""
-    config = load_config(config_path)
-    events: dict[str, list[tuple[str, int, int, int, dict[str, Any], list[str]]]] = {}
-    for seq in landed_seqs(landing):
-        batch = read_batch(landing, seq)
-        for f in batch.files:
-            name = str(f.table)
-            for r in f.data.to_pylist():
-                tie = 0 if r["_cdc_op"] == "t" else 1
-                events.setdefault(name, []).append((r["_cdc_pos"], tie, seq, r["_cdc_index"], r, list(f.schema.key)))
-        for schema, table, below in covered_records(batch.manifest):
-            events.setdefault(f"{schema}.{table}", []).append((below, 0, seq, -1, {"_cdc_op": "covered"}, []))
-    lines: list[str] = []
-    ok = True
-    for source_table in asyncio.run(read_source(config)):
-        name = str(source_table.table)
-        state: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for _, _, _, _, r, key in sorted(events.get(name, []), key=lambda e: e[:4]):
-            op = r["_cdc_op"]
-            if op in ("t", "covered"):
-                state.clear()
-                continue
-            k = tuple(r[c] for c in key)
-            if op == "d":
-                state.pop(k, None)
-                continue
-            before = r.get("_cdc_before_key")
-            prev = state.pop(tuple(before[c] for c in key), None) if before else state.get(k)
-            row = {c: v for c, v in r.items() if not c.startswith("_cdc_")}
-            for c in r.get("_cdc_unavailable") or []:
-                row[c] = prev.get(c) if prev is not None else "<unavailable, no earlier value>"
-            state[k] = row
-        diff = compare(source_table, [[row.get(c.name) for c in source_table.columns] for row in state.values()])
-        buf = StringIO()
-        report([diff], buf)
-        lines.append(buf.getvalue())
-        ok = ok and diff.ok
-    text = "".join(lines)
-    out.write_text(text)
-    return ok, text
-
-
-# ------------------------------------------------------------------ one soak of one source
 
 
 @dataclass
@@ -862,31 +473,3 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool, fault_p
     if interrupted is not None:
         raise interrupted
     return ok
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/soak.sh", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, required=True, help="how long the faults are injected")
-    parser.add_argument("--source", choices=["postgres", "mariadb", "both"], default="both")
-    parser.add_argument("--seed", type=int, default=None, help="the scheduler's seed (default: random, printed)")
-    parser.add_argument("--format", choices=["delta", "iceberg", "parquet"], default="parquet",
-                        help="the consumer's target format (default parquet)")
-    parser.add_argument("--fault-pause", type=float, default=11.5, metavar="S",
-                        help="mean seconds between fault rounds, each drawn from 0.25 to 1.75 times it (default 11.5: "
-                        "3-20 s); a long soak takes a longer pause so the consumer's merges keep up")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory after a passing run too")
-    args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop everything
-
-    signal.signal(signal.SIGTERM, on_term)
-    kinds = ["postgres", "mariadb"] if args.source == "both" else [args.source]
-    results = [soak_one(k, seed, args.minutes, args.format, args.keep, args.fault_pause) for k in kinds]
-    return 0 if all(results) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
