@@ -64,6 +64,16 @@ class Proc:
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
         self.down_on_purpose = False
 
+    def last_error(self) -> str:
+        """The last error line this process logged (since its last start), for a note: the work directory of a
+        passing soak is removed, its logs with it."""
+        try:
+            text = self.log.read_text(errors="replace").rsplit("===== soak: start", 1)[-1]
+        except OSError:
+            return ""
+        errors = [line for line in text.splitlines() if '"level": "error"' in line]
+        return f" (last error: {errors[-1][:600]})" if errors else " (no error logged)"
+
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -268,7 +278,7 @@ class Soak:
         for p in (self.daemon, self.consumer):
             if p.proc is not None and not p.down_on_purpose and p.proc.poll() is not None:
                 code = p.proc.returncode
-                self.notes.append(f"{self.elapsed()}: {p.name} exited {code} on its own")
+                self.notes.append(f"{self.elapsed()}: {p.name} exited {code} on its own{p.last_error()}")
                 if p is self.daemon and code in (6, 7, 78):
                     raise SoakError(f"the daemon exited {code}, which systemd does not restart; see {p.log}")
                 p.down_on_purpose = True
@@ -421,7 +431,7 @@ class Soak:
     def supervise_consumer_only(self) -> None:
         c = self.consumer
         if c.proc is not None and not c.down_on_purpose and c.proc.poll() is not None:
-            self.notes.append(f"{self.elapsed()}: consumer exited {c.proc.returncode} on its own")
+            self.notes.append(f"{self.elapsed()}: consumer exited {c.proc.returncode} on its own{c.last_error()}")
             self.consumer.start()
 
     def drained(self) -> bool:
