@@ -1,4 +1,4 @@
-"""The soak (scripts/soak.sh, devtools/soak.py) with one minute of faults on PostgreSQL: the daemon and the
+"""The soak (scripts/soak.sh, devtools/soak/) with one minute of faults on PostgreSQL: the daemon and the
 following Spark consumer under the mixed workload and the seeded faults must end with `cdcd verify` and the
 landing replay equal (exit 0). About three minutes in all on a quiet machine (the server, the snapshot, the Spark
 JVM, the catch-up, verify and the replay), more under load. docs/testing.md, "Soak"."""
