@@ -152,8 +152,9 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
         fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
                "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
     elif "No space left on device" in text:
-        fix = f"a file system is full: free space where {target} (or Spark's temporary directories) live, then " \
-              "start the consumer again; what was committed is kept"
+        fix = (f"a file system is full: free space where {target}, {landing} (its consumed markers) or Spark's "
+               "temporary directories live (the error names the file), then start the consumer again; what was "
+               "committed is kept")
     elif "Permission denied" in text:
         fix = f"the consumer's user may not write or read a file it needs: check the ownership of {target} and " \
               f"{landing}"
