@@ -344,8 +344,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = _config(args, connects=True)
     _quiet_logging(config)
     verify = importlib.import_module("cdcd.verify").verify
-
-    return int(verify(config, args.target))
+    try:
+        return int(verify(config, args.target))
+    finally:
+        importlib.import_module("cdcd.verify.mirror").end_spark()
 
 
 # -- parser ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ session and catalog settings (the format's strategy, ``cdcd.spark.formats``), im
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,18 @@ def read_mirror(target: Path, table: str, columns: list[SourceColumn]) -> list[l
     have = set(data.column_names)
     cols = [data.column(c.name).to_pylist() if c.name in have else [None] * data.num_rows for c in columns]
     return [list(r) for r in zip(*cols, strict=True)] if cols else []
+
+
+def end_spark() -> None:
+    """Stop the Spark session that reading a mirror started and end its local JVM, bounded: the command then
+    leaves nothing running when it returns (the JVM would otherwise exit only after this process, on its own)."""
+    if "pyspark" not in sys.modules:  # a Parquet target: no Spark was started
+        return
+    from pyspark.sql import SparkSession
+
+    from cdcd.spark.session import stop_local
+    from cdcd.spark.stopping import JVM_EXIT_S
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        stop_local(spark, JVM_EXIT_S)

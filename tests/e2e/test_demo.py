@@ -8,19 +8,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import psutil
 import pytest
+from support.processes import processes_mentioning
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _processes_under(directory: Path) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
-        with_dir = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["cwd"] or "")
-        if str(directory) in with_dir:
-            found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])}")
-    return found
 
 
 @pytest.mark.slow
@@ -35,7 +26,7 @@ def test_demo_runs_and_leaves_nothing_running() -> None:
         proc = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--workload-seconds", "3"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
                               start_new_session=True)
-        leftovers = _processes_under(tmp_path)
+        leftovers = processes_mentioning(tmp_path)
         # The demo captures as the least-privileged roles the docs describe, its secret readable by its owner only.
         work = next(tmp_path.glob("cdcd-demo-*"))
         assert (work / "cdc-password").stat().st_mode & 0o777 == 0o600

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import streamed_values
 from support.landed import landed_ids
+from support.processes import processes_mentioning
 from support.waits import wait_for
 
 from cdcd.verify.mirror import read_table
@@ -98,7 +99,12 @@ format = "json"
     spark = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target), "--once",
                             "--format", fmt], capture_output=True, text=True)
     assert spark.returncode == 0, spark.stderr[-3000:]
-    verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True)
+    # Its own TMPDIR names whatever it starts (Spark's JVM): nothing of it may still run once the command returned.
+    verify_tmp = tmp_path / "verify-tmp"
+    verify_tmp.mkdir()
+    verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True,
+                            env={**os.environ, "TMPDIR": str(verify_tmp)})
+    assert processes_mentioning(verify_tmp) == []
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert f"{db}.orders" in verify.stdout and f"{db}.events" in verify.stdout
     mirror = read_table(target, f"{db}.orders")
