@@ -54,13 +54,28 @@ class TableId:
 
 
 @dataclass(frozen=True, slots=True)
+class Fill:
+    """The value the rows a table had when a column was added hold in that column (its constant default: the
+    source did not rewrite them, so no change event carries it). ``value`` is of the column's Arrow type."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Column:
-    """A column as landed: its name, its Arrow type and the source's type name."""
+    """A column as landed: its name, its Arrow type and the source's type name.
+
+    ``id`` is the column's identity in its table where the source knows it (PostgreSQL's ``attnum``; a number
+    cdcd gives each MySQL/MariaDB column): a rename keeps it, a column dropped and added again gets a new one.
+    ``fill`` is set on the schema version that added the column when the rows existing then hold a value in it.
+    """
 
     name: str
     type: pa.DataType
     source_type: str
     nullable: bool = True
+    id: int | None = None
+    fill: Fill | None = None
 
 
 @dataclass(frozen=True, slots=True)

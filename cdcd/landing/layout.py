@@ -19,9 +19,10 @@ import re
 from pathlib import Path
 
 FORMAT_NAME = "cdcd-landing"
-FORMAT_VERSION = 3
-#: Manifest versions this cdcd reads: 1 has no ``zone_id``, 2 no ``covered`` list, otherwise the same.
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+#: Manifest versions this cdcd reads: 1 has no ``zone_id``, 2 no ``covered`` list, 3 no column ``id``/``fill``,
+#: otherwise the same.
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 MANIFESTS = "manifests"
 DATA = "data"

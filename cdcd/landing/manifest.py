@@ -16,9 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from cdcd.errors import SinkFatal
-from cdcd.events import TableSchema
+from cdcd.events import Column, TableSchema
 from cdcd.landing.layout import DATA, FORMAT_NAME, FORMAT_VERSION, READABLE_VERSIONS
+from cdcd.landing.values import value_from_json, value_to_json
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -33,20 +36,39 @@ def seal(doc: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ColumnEntry:
-    """One column of a file entry's table: ``{name, arrow_type, source_type, nullable}``."""
+    """One column of a file entry's table: ``{name, arrow_type, source_type, nullable}``, from version 4 with
+    ``id`` (the column's identity in its table) and ``fill`` (``{"value": ...}``: the value the rows the table
+    had when the column was added hold in it, ``cdcd.landing.values``) where the source knows them."""
 
     name: str
     arrow_type: str
     source_type: str
     nullable: bool
+    id: int | None = None
+    fill: dict[str, Any] | None = None  # {"value": <JSON of the column's type>}
+
+    @classmethod
+    def of(cls, column: Column) -> ColumnEntry:
+        fill = None if column.fill is None else {"value": value_to_json(column.fill.value, column.type)}
+        return cls(column.name, str(column.type), column.source_type, column.nullable, column.id, fill)
+
+    def fill_value(self, kind: pa.DataType) -> Any:
+        """The fill as a Python value of the column's Arrow type ``kind`` (the data file's)."""
+        return None if self.fill is None else value_from_json(self.fill["value"], kind)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "arrow_type": self.arrow_type, "source_type": self.source_type,
-                "nullable": self.nullable}
+        doc: dict[str, Any] = {"name": self.name, "arrow_type": self.arrow_type, "source_type": self.source_type,
+                               "nullable": self.nullable}
+        if self.id is not None:
+            doc["id"] = self.id
+        if self.fill is not None:
+            doc["fill"] = self.fill
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ColumnEntry:
-        return cls(doc["name"], doc["arrow_type"], doc["source_type"], doc["nullable"])
+        return cls(doc["name"], doc["arrow_type"], doc["source_type"], doc["nullable"], doc.get("id"),
+                   doc.get("fill"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +89,7 @@ class TableEntry:
     def of(cls, schema: TableSchema) -> TableEntry:
         """The manifest's description of a table schema."""
         return cls(schema.table.schema, schema.table.name, schema.version, tuple(schema.key),
-                   tuple(ColumnEntry(c.name, str(c.type), c.source_type, c.nullable) for c in schema.columns))
+                   tuple(ColumnEntry.of(c) for c in schema.columns))
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": self.schema, "name": self.name, "version": self.version, "key": list(self.key),

@@ -73,7 +73,7 @@ async def test_batch_lands_with_typed_columns_and_metadata(tmp_path: Path) -> No
     assert landed.seq == 7 and not landed.consumed
     m = landed.manifest.to_json()
     assert m == load_manifest(tmp_path / "manifests" / "00000000000000000007.json")  # the document as landed
-    assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 3, 7, 6)
+    assert (m["format"], m["version"], m["batch_seq"], m["event_count"]) == ("cdcd-landing", 4, 7, 6)
     assert m["first_position"] == PgPosition(100, 0).encoded and m["last_position"] == PgPosition(500, 1).encoded
     assert [f["rows"] for f in m["files"]] == [5, 1]
     orders = landed.tables[ORDERS.table]
@@ -282,8 +282,8 @@ async def test_a_version_2_manifest_reads_without_covered_records(tmp_path: Path
     [landed] = read_batches(tmp_path)
     assert landed.manifest.version == 2 and covered_records(landed.manifest) == []
     assert landed.manifest.to_json() == load_manifest(path)  # an older version reads back as it was landed
-    path.write_text(json.dumps(seal({**old, "version": 4})))  # a newer format is refused, naming the fix
-    with pytest.raises(SinkFatal, match="format version 4; this cdcd reads versions 1, 2, 3"):
+    path.write_text(json.dumps(seal({**old, "version": 5})))  # a newer format is refused, naming the fix
+    with pytest.raises(SinkFatal, match="format version 5; this cdcd reads versions 1, 2, 3, 4"):
         read_batches(tmp_path)
 
 
