@@ -9,7 +9,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 scripts/bootstrap.sh
-echo "== ruff"; .venv/bin/ruff check cdcd tests bench
+echo "== ruff"; .venv/bin/ruff check cdcd tests bench devtools
 echo "== mypy --strict cdcd"; .venv/bin/mypy cdcd
 workers=${CDCD_TEST_WORKERS:-3}
 parallel=()
