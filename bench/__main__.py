@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench import inprogress, peers, scenarios
+from bench import consumer, incremental, inprogress, latency, peers, scenarios
 from bench.report import write_report
 from devtools.servers import MariaDBServer, PostgresServer
 
@@ -101,17 +101,17 @@ def main(argv: list[str] | None = None) -> int:
             ("maria_stream", lambda: scenarios.maria_stream(maria, work / "maria_stream", sizes)),
             ("maria_snapshot", lambda: scenarios.maria_snapshot(maria, work / "maria_snapshot", sizes)),
             ("maria_small_tx", lambda: scenarios.maria_small_tx(maria, work / "maria_small_tx", sizes)),
-            ("latency", lambda: scenarios.pg_latency(pg, work / "latency", sizes)),
+            ("latency", lambda: latency.pg_latency(pg, work / "latency", sizes)),
             ("rss", lambda: scenarios.pg_rss(pg, work / "rss", sizes)),
-            ("incremental", lambda: scenarios.pg_incremental(pg, work / "incremental", sizes)),
+            ("incremental", lambda: incremental.pg_incremental(pg, work / "incremental", sizes)),
             ("inprogress", lambda: inprogress.pg_inprogress(pg, work / "inprogress", sizes)),
         ]
         if not args.quick or (args.only and "debezium" in args.only):  # needs Maven and a JVM: not in smoke runs
             plan.append(("debezium", lambda: peers.debezium(pg, maria, work / "debezium", sizes, results)))
         if not args.no_spark:
-            plan.append(("spark", lambda: scenarios.spark_consumer(work / "pg_stream", work / "spark", results)))
-            plan.append(("spark_small", lambda: scenarios.spark_small(pg, work / "spark_small", sizes)))
-            plan.append(("spark_follow", lambda: scenarios.spark_follow(pg, work / "spark_follow", sizes)))
+            plan.append(("spark", lambda: consumer.spark_consumer(work / "pg_stream", work / "spark", results)))
+            plan.append(("spark_small", lambda: consumer.spark_small(pg, work / "spark_small", sizes)))
+            plan.append(("spark_follow", lambda: consumer.spark_follow(pg, work / "spark_follow", sizes)))
         for name, run in plan:
             if args.only and name not in args.only:
                 continue
