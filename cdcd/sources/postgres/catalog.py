@@ -154,6 +154,7 @@ class ColumnInfo:
     ndims: int
     not_null: bool
     sql_type: str  # format_type(): what a text parameter is cast to
+    attnum: int | None = None  # the column's identity in its table (a rename keeps it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +208,8 @@ async def table_info(conn: Any, table: TableId) -> TableInfo:
         raise SourceFatal(f"table {table} does not exist (source.tables); create it or remove it from the list")
     oid = row["oid"]
     cols = await conn.fetch(
-        "SELECT attname, atttypid, atttypmod, attndims, attnotnull, format_type(atttypid, atttypmod) AS sqltype "
+        "SELECT attname, atttypid, atttypmod, attndims, attnotnull, format_type(atttypid, atttypmod) AS sqltype, "
+        "attnum "
         "FROM pg_attribute "
         "WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum", oid)
     keys = await conn.fetch(
@@ -231,7 +233,8 @@ async def table_info(conn: Any, table: TableId) -> TableInfo:
         identity = () if deferrable else primary
     return TableInfo(
         table, oid,
-        tuple(ColumnInfo(c["attname"], c["atttypid"], c["atttypmod"], c["attndims"], c["attnotnull"], c["sqltype"])
+        tuple(ColumnInfo(c["attname"], c["atttypid"], c["atttypmod"], c["attndims"], c["attnotnull"], c["sqltype"],
+                         c["attnum"])
               for c in cols),
         primary, identity, ident, max(int(row["est"]), 0), bool(row["partitioned"]), deferrable,
     )

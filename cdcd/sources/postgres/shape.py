@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from cdcd.events import Column, TableId, TableSchema
+from cdcd.events import Column, Fill, TableId, TableSchema
 from cdcd.sources.postgres.catalog import TableInfo
 from cdcd.sources.postgres.types import ColumnType, TypeRegistry, Unrepresentable
 from cdcd.sources.postgres.wire.pgoutput import UNCHANGED_TOAST, Relation, TupleValue
@@ -26,6 +26,7 @@ class TableShape:
     schema: TableSchema
     types: tuple[ColumnType, ...]
     identity: tuple[bool, ...]  # column is part of the replica identity (pgoutput 'K' tuples)
+    type_keys: tuple[tuple[int, int], ...] = ()  # each column's (type OID, typmod), as pgoutput and the catalog say
 
     @property
     def table(self) -> TableId:
@@ -46,8 +47,10 @@ class Warnings:
 
 
 def _schema(table: TableId, names: Sequence[str], types: Sequence[ColumnType], key: tuple[str, ...],
-            not_null: Sequence[bool], version: int) -> TableSchema:
-    cols = tuple(Column(n, t.arrow, t.source_type, not nn) for n, t, nn in zip(names, types, not_null, strict=True))
+            not_null: Sequence[bool], version: int, ids: Sequence[int | None],
+            fills: Sequence[Fill | None]) -> TableSchema:
+    cols = tuple(Column(n, t.arrow, t.source_type, not nn, i, f)
+                 for n, t, nn, i, f in zip(names, types, not_null, ids, fills, strict=True))
     return TableSchema(table, cols, key, version)
 
 
@@ -61,13 +64,17 @@ def warn_unknown(shape: TableShape, warnings: Warnings) -> None:
 def shape_from_info(info: TableInfo, registry: TypeRegistry, version: int = 0) -> TableShape:
     types = tuple(registry.column_type(c.type_oid, c.typmod, c.ndims) for c in info.columns)
     names = [c.name for c in info.columns]
-    schema = _schema(info.table, names, types, info.key, [c.not_null for c in info.columns], version)
+    schema = _schema(info.table, names, types, info.key, [c.not_null for c in info.columns], version,
+                     [c.attnum for c in info.columns], [None] * len(names))
     identity = tuple(c.name in info.identity_key or info.replica_identity == "f" for c in info.columns)
-    return TableShape(schema, types, identity)
+    return TableShape(schema, types, identity, tuple((c.type_oid, c.typmod) for c in info.columns))
 
 
-def shape_from_relation(rel: Relation, info: TableInfo | None, registry: TypeRegistry, version: int) -> TableShape:
-    """The shape a Relation message describes; key, dimensions and NOT NULL come from the catalog when it agrees."""
+def shape_from_relation(rel: Relation, info: TableInfo | None, registry: TypeRegistry, version: int,
+                        ids: Sequence[int | None] | None = None,
+                        fills: Sequence[Fill | None] | None = None) -> TableShape:
+    """The shape a Relation message describes; key, dimensions and NOT NULL come from the catalog when it agrees;
+    the columns' ids and fills are the caller's (``columns.py``; None: unknown)."""
     table = TableId(rel.namespace, rel.name)
     by_name = {c.name: c for c in info.columns} if info else {}
     types = tuple(
@@ -82,8 +89,11 @@ def shape_from_relation(rel: Relation, info: TableInfo | None, registry: TypeReg
     if not key and rel.replica_identity != "f":
         key = flagged
     not_null = [by_name[c.name].not_null if c.name in by_name else False for c in rel.columns]
-    schema = _schema(table, names, types, key, not_null, version)
-    return TableShape(schema, types, tuple(c.key for c in rel.columns))
+    none = [None] * len(names)
+    schema = _schema(table, names, types, key, not_null, version, none if ids is None else ids,
+                     none if fills is None else fills)
+    return TableShape(schema, types, tuple(c.key for c in rel.columns),
+                      tuple((c.type_oid, c.typmod) for c in rel.columns))
 
 
 def same_columns(a: TableSchema, b: TableSchema) -> bool:

@@ -75,6 +75,7 @@ class PostgresSource(Source):
         self._incr.last = self._last_position
         self._incr.key_json = self._chunks.key_json  # keys whose superseding update lacked a TOAST value are re-read
         self._stream.replaced = self._incr.mark_stale  # a table dropped and re-created: /status, `cdcd snapshot`
+        self._t.resnapshot = self._resnapshot  # a schema change the stream alone cannot land right
         self._reader: SnapshotReader | None = None  # opened while planning, run by the coordinator
         self._snapshot_tables: list[SnapshotTable] = []  # the last snapshot's progress, for /status
         self._start_mark: Mark | None = None
@@ -238,6 +239,12 @@ class PostgresSource(Source):
         return Mark(MarkKind.TABLES, self._last_position(), {"tables": [str(t) for t in self._t.tables], "oids": oids})
 
     # ------------------------------------------------------------ operator requests (issue 13): requests.py
+
+    def _resnapshot(self, table: TableId, why: str) -> None:
+        """What ``cdcd snapshot TABLE`` does, asked by the stream (``PgTables.resnapshot``); a whole-table job
+        already queued covers it."""
+        if not any(j.table == table and j.where is None for j in self._incr.jobs):
+            self._incr.request(table, None)
 
     def request_snapshot(self, table: str, where: str | None = None) -> None:
         self._requests.snapshot(table, where)

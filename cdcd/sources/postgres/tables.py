@@ -5,14 +5,15 @@ messages become row decoders here, with a new schema version when a table's colu
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from cdcd.errors import SourceError, SourceFatal
-from cdcd.events import TableId
-from cdcd.sources.postgres import catalog
+from cdcd.events import Fill, TableId
+from cdcd.sources.postgres import catalog, columns
 from cdcd.sources.postgres.catalog import TableInfo
 from cdcd.sources.postgres.connection import ConnectParams
 from cdcd.sources.postgres.shape import (
@@ -24,7 +25,7 @@ from cdcd.sources.postgres.shape import (
     shape_from_relation,
     warn_unknown,
 )
-from cdcd.sources.postgres.types import TypeRegistry
+from cdcd.sources.postgres.types import TypeRegistry, Unrepresentable
 from cdcd.sources.postgres.wire import pgoutput
 
 log = structlog.get_logger("cdcd.source.postgres")
@@ -41,6 +42,9 @@ class PgTables:
     infos: dict[TableId, TableInfo] = field(default_factory=dict)
     shapes: dict[TableId, TableShape] = field(default_factory=dict)
     sql: Any = None  # the catalog connection (asyncpg)
+    #: Queues an incremental re-snapshot of a table (the source's ``cdcd snapshot``): called with the table and why
+    #: when the stream alone cannot make its mirror right (a schema change the catalog cannot tell, a rewrite).
+    resnapshot: Callable[[TableId, str], None] | None = None
 
     async def load(self, absent_ok: frozenset[TableId] = frozenset()) -> list[TableId]:
         """Catalog facts, types and shapes of every table (``sql`` must be open). A table of ``absent_ok`` (one the
@@ -74,24 +78,78 @@ class PgTables:
 
     async def decoder(self, rel: pgoutput.Relation) -> RowDecoder:
         """The decoder of a captured table's rows from its Relation message: its shape, a new schema version when
-        its columns changed (key and dimensions then read again from the catalog)."""
+        its columns changed (key and dimensions then read again from the catalog). Every Relation is matched with
+        the catalog's attributes (``columns.py``): a column dropped and added again under its name and type
+        changes nothing else in the message."""
         table = TableId(rel.namespace, rel.name)
         oids = {c.type_oid for c in rel.columns}
         if self.registry.missing(oids):
             await catalog.load_types(await self.ensure_sql(), self.registry, oids)
         old = self.shapes.get(table)
         info = self.infos.get(table)
-        shape = shape_from_relation(rel, info, self.registry, old.schema.version if old else 0)
+        attrs = await columns.read_attributes(await self.ensure_sql(), rel.oid)
+        before = old.schema.columns if old else ()
+        res = columns.resolve(rel.columns, attrs, before, old.type_keys if old else ())
+        ids = res.ids
+        if not attrs:  # the table is gone (the heartbeat's check flags it): the names the source knew keep their ids
+            known = {c.name: c.id for c in before}
+            ids = tuple(known.get(c.name) for c in rel.columns)
+        shape = shape_from_relation(rel, info, self.registry, old.schema.version if old else 0, ids)
         if old is not None and not same_columns(old.schema, shape.schema):
             # The schema changed: refresh key and dimensions from the catalog, bump the version.
             with contextlib.suppress(SourceError, OSError):
                 self.infos[table] = info = await catalog.table_info(await self.ensure_sql(), table)
-            shape = shape_from_relation(rel, info, self.registry, old.schema.version + 1)
+            shape = shape_from_relation(rel, info, self.registry, old.schema.version + 1, ids)
+            fills, rewritten = self._fills(shape, res, attrs)
+            if any(f is not None for f in fills):
+                shape = shape_from_relation(rel, info, self.registry, shape.schema.version, ids, fills)
             log.info("table schema changed", table=str(table), version=shape.schema.version,
-                     columns=list(shape.schema.column_names))
+                     columns=list(shape.schema.column_names), ids=list(ids))
+            if attrs:
+                self._repair(table, res.doubts, rewritten)
         self.shapes[table] = shape
         warn_unknown(shape, self.warnings)
         return RowDecoder(shape, self.warnings)
+
+    def _fills(self, shape: TableShape, res: columns.Resolution,
+               attrs: tuple[columns.Attribute, ...]) -> tuple[list[Fill | None], list[str]]:
+        """The fills of the columns new in ``shape`` (their constant default, decoded as pgoutput's text is), and
+        the names of those whose ADD COLUMN rewrote the table (a volatile default or an identity)."""
+        by_num = {a.attnum: a for a in attrs}
+        fills: list[Fill | None] = []
+        rewritten: list[str] = []
+        for col, t, n, new in zip(shape.schema.columns, shape.types, res.ids, res.new, strict=True):
+            a = by_num.get(n) if n is not None and new else None
+            fill = None
+            if a is not None and a.missing is not None:
+                try:
+                    fill = Fill(t.from_text(a.missing))
+                except (Unrepresentable, ValueError) as exc:
+                    self.warnings.once(shape.table, col.name, "the added column's default cannot be represented: "
+                                       "the rows existing before land NULL in it", error=str(exc))
+            elif a is not None and a.has_default:
+                rewritten.append(col.name)
+            fills.append(fill)
+        return fills, rewritten
+
+    def _repair(self, table: TableId, doubts: tuple[str, ...], rewritten: list[str]) -> None:
+        """The stream cannot tell the mirror the truth (the catalog cannot tell which column is which, or an ADD
+        COLUMN rewrote the table, which logical decoding does not send): re-snapshot the table."""
+        rewrites = [f"column {n!r} was added with a volatile default or an identity: PostgreSQL rewrote the table "
+                    "and logical decoding sends none of its rows" for n in rewritten]
+        why = "; ".join([*doubts, *rewrites])
+        if not why:
+            return
+        info = self.infos.get(table)
+        if self.resnapshot is None or info is None or not info.key:
+            log.error(f"{table}: {why}; the mirror's values of these columns may be wrong and cdcd cannot re-snapshot "
+                      f"the table by itself{'' if info is None or info.key else ' (it has no key)'}. Fix: `cdcd "
+                      f"snapshot -c CONFIG {table}` (tables without a key: restart with an empty state.path)",
+                      table=str(table))
+            return
+        log.warning(f"{table}: {why}; re-snapshotting the table (an incremental snapshot) so the mirror holds the "
+                    "source's values", table=str(table))
+        self.resnapshot(table, why)
 
 
 def replaced_why(publication: str, old: int, new: int | None) -> str:

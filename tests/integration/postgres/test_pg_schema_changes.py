@@ -1,0 +1,84 @@
+"""Schema changes under a running stream, landed: every column carries its attnum as its id (a rename keeps it, a
+column dropped and added again gets a new one), a column added with a constant default carries its fill on the
+version that added it, and what the stream alone cannot land right (a rewrite, a catalog that cannot tell which
+column is which) is re-snapshotted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from pg_helpers import Driver, marks
+
+from cdcd.config import Config
+from cdcd.events import Item, MarkKind
+from cdcd.landing.reader import read_batches
+from cdcd.runtime.interfaces import Batch
+from cdcd.sinks.landing import LandingSink
+
+
+async def land(path: Path, items: list[Item]) -> None:
+    sink = LandingSink(path)
+    await sink.open()
+    await sink.deliver(Batch(1, items))
+    await sink.close()
+
+
+def landed(path: Path) -> tuple[dict[int, list[tuple[str, int | None, Any]]], list[dict[str, Any]]]:
+    """Each landed schema version's columns as (name, id, fill value), and the rows in landing order."""
+    versions: dict[int, list[tuple[str, int | None, Any]]] = {}
+    rows: list[dict[str, Any]] = []
+    for batch in read_batches(path):
+        for f in batch.files:
+            kinds = {field.name: field.type for field in f.data.schema}
+            versions[f.schema.version] = [(c.name, c.id, c.fill_value(kinds[c.name]) if c.fill else None)
+                                          for c in f.schema.columns]
+            rows += f.data.to_pylist()
+    return versions, rows
+
+
+async def test_alters_under_a_running_stream_land_column_ids_and_fills(
+        make_config: Callable[..., Config], sql: Callable[[str], str], tmp_path: Path) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, label text, qty int, extra text); "
+        "INSERT INTO t VALUES (1, 'one', 1, 'x'), (2, 'two', 2, 'y')")
+    items: list[Item] = []
+    async with Driver(make_config(["public.t"])) as d:
+        items += await d.until_mark(MarkKind.SNAPSHOT_DONE)
+        # One step at a time: each Relation is decoded before the next DDL (the race has its own test).
+        sql("ALTER TABLE t ADD COLUMN s text DEFAULT 'new, \"quoted\"', ADD COLUMN n int DEFAULT 7, "
+            "ADD COLUMN d numeric(10,2) DEFAULT 1.5, ADD COLUMN ts timestamptz DEFAULT '2024-01-02 03:04:05+02', "
+            "ADD COLUMN b boolean DEFAULT true, ADD COLUMN plain text; INSERT INTO t (id, label) VALUES (3, 'three')")
+        items += await d.events(1)
+        sql("ALTER TABLE t RENAME COLUMN label TO title; UPDATE t SET qty = 10 WHERE id = 1")
+        items += await d.events(1)
+        sql("ALTER TABLE t DROP COLUMN extra; ALTER TABLE t ADD COLUMN extra int; INSERT INTO t (id, extra) "
+            "VALUES (4, 40)")
+        items += await d.events(1)
+        sql("ALTER TABLE t ALTER COLUMN qty TYPE bigint; INSERT INTO t (id, qty) VALUES (5, 5000000000)")
+        items += await d.events(1)
+    assert not marks(items, MarkKind.INCREMENTAL_START)  # the catalog could tell every time: no re-snapshot
+    await land(tmp_path, items)
+    versions, rows = landed(tmp_path)
+    base = [("id", 1, None), ("label", 2, None), ("qty", 3, None), ("extra", 4, None)]
+    added = [("s", 5, 'new, "quoted"'), ("n", 6, 7), ("d", 7, Decimal("1.50")),
+             ("ts", 8, datetime(2024, 1, 2, 1, 4, 5, tzinfo=UTC)), ("b", 9, True), ("plain", 10, None)]
+    unfilled = [(name, num, None) for name, num, _ in added]
+    renamed = [("id", 1, None), ("title", 2, None), ("qty", 3, None), ("extra", 4, None)]
+    assert versions == {
+        0: base,  # the snapshot's, from the catalog
+        1: base + added,  # fills on the version that added the columns only
+        2: renamed + unfilled,  # a rename keeps the id
+        3: [("id", 1, None), ("title", 2, None), ("qty", 3, None), *unfilled, ("extra", 11, None)],
+        4: [("id", 1, None), ("title", 2, None), ("qty", 3, None), *unfilled, ("extra", 11, None)],
+    }
+    kinds = {f.schema.version: {c.name: c.arrow_type for c in f.schema.columns}
+             for b in read_batches(tmp_path) for f in b.files}
+    assert kinds[3]["qty"] == "int32" and kinds[4]["qty"] == "int64" and kinds[3]["extra"] == "int32"
+    streamed = [{k: v for k, v in r.items() if not k.startswith("_cdc_")} for r in rows if r["_cdc_op"] in ("c", "u")]
+    quoted = 'new, "quoted"'
+    assert [(r["id"], r.get("title", r.get("label")), r["qty"], r["s"], r["extra"]) for r in streamed] == [
+        (3, "three", None, quoted, None), (1, "one", 10, quoted, "x"), (4, None, None, quoted, 40),
+        (5, None, 5000000000, quoted, None)]
