@@ -8,7 +8,8 @@ import pytest
 from cdcd.errors import CheckpointFatal
 from cdcd.events import ChangeEvent, Column, Mark, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition
-from cdcd.sources.mysql.ddl import apply_alter, parse_ddl
+from cdcd.sources.mysql.alter import apply_alter
+from cdcd.sources.mysql.ddl import parse_ddl
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate
 from cdcd.sources.mysql.queries import parse_binlog_status, parse_snapshot_status
 from cdcd.sources.mysql.schema import SchemaHistory, schema_to_json
@@ -28,7 +29,8 @@ BASE = _schema(("id", "int"), ("a", "varchar(10)"), ("b", "int"))
 def _alter(sql: str) -> TableSchema | None:
     (ddl, *_) = parse_ddl(sql, "app")
     assert ddl.kind == "alter" and ddl.table == T
-    return apply_alter(BASE, ddl.actions)
+    altered = apply_alter(BASE, ddl.actions, 4)
+    return None if altered is None else altered.schema
 
 
 def test_alter_add_drop_modify_change_rename() -> None:

@@ -1,8 +1,11 @@
 """DDL statements from the binlog's Query events, as far as they change captured tables.
 
 ``parse_ddl`` reads what a statement does (``ALTER TABLE ... ADD/DROP/MODIFY/CHANGE/RENAME COLUMN``,
-``RENAME TABLE``, ``TRUNCATE``, ``DROP``, ``CREATE``) with a small tokenizer; ``apply_alter`` gives the table
-schema after an ALTER's column actions. The schema history (``schema.py``) records the result.
+``RENAME TABLE``, ``TRUNCATE``, ``DROP``, ``CREATE``) with a small tokenizer that knows the server's lexical
+rules: quoted identifiers (doubled quotes), strings (escapes, doubled quotes, charset introducers), comments
+(``/* */``, ``-- ``, ``#``; versioned ``/*!50100 ... */`` and ``/*M!100100 ... */`` are executed, so read).
+``alter.py`` gives the table schema after an ALTER's column actions; the schema history (``schema.py``)
+records the result.
 """
 
 from __future__ import annotations
@@ -10,8 +13,52 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cdcd.events import Column, TableId, TableSchema
-from cdcd.sources.mysql.types import arrow_type, normalize_source_type
+from cdcd.events import TableId
+from cdcd.sources.mysql.types import normalize_source_type
+
+#: sql_mode bits of a Query event's status variables that change how the statement is read
+MODE_ANSI_QUOTES = 1 << 2
+MODE_NO_BACKSLASH_ESCAPES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Default:
+    """A column definition's DEFAULT: ``kind`` is ``string`` (``text``: the value, escapes resolved), ``number``
+    (its literal text), ``bits`` (``b'0101'``: the value in ``data``), ``hex`` (``0x..``/``x'..'``: ``data``),
+    ``bool``, ``null``, or ``expression`` (not a constant: ``CURRENT_TIMESTAMP``, ``(a + 1)``; ``text`` is its
+    source text)."""
+
+    kind: str
+    text: str = ""
+    data: bytes = b""
+
+
+@dataclass(frozen=True)
+class ColumnDef:
+    """``name type [attributes]`` of ADD / MODIFY / CHANGE."""
+
+    name: str
+    source_type: str  # normalised (types.normalize_source_type)
+    nullable: bool = True
+    placement: str = ""  # "" (in place or last), "first", "after:<column>"
+    default: Default | None = None
+    generated: bool = False  # AS (expr) / GENERATED ALWAYS AS: every row holds its own value
+    auto_increment: bool = False
+    type_text: str = ""  # as written (normalising lower-cases ENUM and SET labels)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One clause of an ALTER TABLE: ``add``, ``drop``, ``modify`` (MODIFY and CHANGE: ``name`` the old name,
+    ``column`` the new definition), ``rename_column`` (``name`` to ``new_name``), ``rename_table`` or ``other``
+    (indexes, options, ``ALGORITHM=INSTANT``: no change to the columns)."""
+
+    kind: str
+    name: str = ""
+    column: ColumnDef | None = None
+    new_name: str = ""
+    if_exists: bool = False  # IF EXISTS / IF NOT EXISTS: a missing (or present) column skips the clause
+    table: TableId | None = None  # rename_table: the new name (schema "" = the statement's own database)
 
 
 @dataclass(frozen=True)
@@ -21,48 +68,95 @@ class Ddl:
     kind: str  # "alter" | "truncate" | "rename" | "drop" | "create" | "other"
     table: TableId | None = None
     new_table: TableId | None = None
-    actions: tuple[tuple[str, ...], ...] = ()  # alter actions, see _alter_actions
+    actions: tuple[Action, ...] = ()  # alter: the column clauses, in statement order
 
 
-_COMMENT = re.compile(r"/\*.*?\*/|--[^\n]*|#[^\n]*", re.S)
 _TYPE_STOP = {"not", "null", "default", "auto_increment", "comment", "primary", "unique", "key", "character",
               "charset", "collate", "first", "after", "generated", "as", "check", "references", "on",
-              "invisible", "visible", "stored", "virtual", "persistent", "without", "with", "constraint"}
+              "invisible", "visible", "stored", "virtual", "persistent", "without", "with", "constraint",
+              "serial", "column_format", "storage", "compressed", "engine_attribute", "secondary_engine_attribute",
+              "srid", "ref_system_id", "encrypted", "encryption_key_id"}
+_VERSIONED = re.compile(r"/\*M?!\d*")
+_NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
+_WORD = re.compile(r"[0-9A-Za-z_$\u0080-\uffff]+")
+_ESCAPES = {"0": "\0", "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a"}
 
 
-def _tokens(sql: str) -> list[str]:
-    """Identifiers, quoted names, strings, numbers and punctuation, in order."""
-    sql = _COMMENT.sub(" ", sql)
-    out: list[str] = []
-    i = 0
-    while i < len(sql):
-        ch = sql[i]
-        if ch.isspace():
-            i += 1
-        elif ch in "`\"'":
-            j = i + 1
-            while j < len(sql):
-                if sql[j] == ch and j + 1 < len(sql) and sql[j + 1] == ch:
+class _Lexer:
+    """Tokens of a statement: names, quoted names and strings (with their quotes), numbers, punctuation."""
+
+    def __init__(self, sql: str, ansi_quotes: bool, backslash: bool) -> None:
+        self.s = sql
+        self.ansi_quotes = ansi_quotes
+        self.backslash = backslash
+
+    def tokens(self) -> list[str]:
+        s = self.s
+        out: list[str] = []
+        i = 0
+        n = len(s)
+        while i < n:
+            ch = s[i]
+            if ch.isspace():
+                i += 1
+            elif s.startswith("/*", i):
+                versioned = _VERSIONED.match(s, i)
+                if versioned is not None:  # executed by the server: its body is part of the statement
+                    i = versioned.end()
+                    continue
+                end = s.find("*/", i + 2)
+                i = n if end < 0 else end + 2
+            elif s.startswith("*/", i):  # the end of a versioned comment
+                i += 2
+            elif ch == "#" or (s.startswith("--", i) and (i + 2 == n or s[i + 2].isspace())):
+                end = s.find("\n", i)
+                i = n if end < 0 else end + 1
+            elif ch in "`\"'":
+                j = self._quoted_end(i)
+                out.append(s[i:j])
+                i = j
+            elif ch.isdigit() or (ch == "." and i + 1 < n and s[i + 1].isdigit()
+                                  and (i == 0 or s[i - 1].isspace() or s[i - 1] in "(,=+-")):  # not db.5t
+                m = _NUMBER.match(s, i)
+                w = _WORD.match(s, i)
+                # 1abc is a name; 1e5, 1.5 and 12 are numbers
+                if m is not None and (w is None or w.end() <= m.end()):
+                    out.append(m.group())
+                    i = m.end()
+                else:
+                    assert w is not None
+                    out.append(w.group())
+                    i = w.end()
+            elif _WORD.match(s, i):
+                w = _WORD.match(s, i)
+                assert w is not None
+                out.append(w.group())
+                i = w.end()
+            else:
+                out.append(ch)
+                i += 1
+        return out
+
+    def _quoted_end(self, i: int) -> int:
+        s = self.s
+        q = s[i]
+        escapes = self.backslash and (q == "'" or (q == '"' and not self.ansi_quotes))
+        j = i + 1
+        while j < len(s):
+            if escapes and s[j] == "\\":
+                j += 2
+                continue
+            if s[j] == q:
+                if j + 1 < len(s) and s[j + 1] == q:
                     j += 2
                     continue
-                if sql[j] == "\\" and ch == "'":
-                    j += 2
-                    continue
-                if sql[j] == ch:
-                    break
-                j += 1
-            out.append(sql[i:j + 1])
-            i = j + 1
-        elif ch.isalnum() or ch in "_$":
-            j = i
-            while j < len(sql) and (sql[j].isalnum() or sql[j] in "_$"):
-                j += 1
-            out.append(sql[i:j])
-            i = j
-        else:
-            out.append(ch)
-            i += 1
-    return out
+                return j + 1
+            j += 1
+        return len(s)
+
+
+def _tokens(sql: str, ansi_quotes: bool = False, backslash: bool = True) -> list[str]:
+    return _Lexer(sql, ansi_quotes, backslash).tokens()
 
 
 def _name(tok: str) -> str:
@@ -74,13 +168,36 @@ def _name(tok: str) -> str:
 
 
 def _is_name(tok: str) -> bool:
-    return bool(tok) and (tok[0] in "`\"" or tok[0].isalnum() or tok[0] in "_$")
+    return bool(tok) and (tok[0] in "`\"" or bool(_WORD.match(tok)))
+
+
+def string_value(tok: str, backslash: bool = True) -> str:
+    """The value of a quoted string token: doubled quotes and (unless NO_BACKSLASH_ESCAPES) escapes resolved."""
+    q = tok[0]
+    body = tok[1:-1]
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\" and backslash and i + 1 < len(body):
+            nxt = body[i + 1]
+            out.append(_ESCAPES.get(nxt, nxt))  # \% and \_ keep their backslash only in LIKE patterns
+            i += 2
+        elif ch == q and i + 1 < len(body) and body[i + 1] == q:
+            out.append(q)
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
 
 
 class _P:
-    def __init__(self, toks: list[str]) -> None:
+    def __init__(self, toks: list[str], ansi_quotes: bool = False, backslash: bool = True) -> None:
         self.t = toks
         self.i = 0
+        self.ansi_quotes = ansi_quotes
+        self.backslash = backslash
 
     def peek(self, k: int = 0) -> str:
         j = self.i + k
@@ -124,8 +241,70 @@ class _P:
         return out
 
 
-def _column_def(toks: list[str]) -> tuple[str, str, bool, str]:
-    """(name, normalised type, nullable, placement) of ``name type [attributes]``."""
+def _is_string(tok: str, ansi_quotes: bool) -> bool:
+    return tok[:1] == "'" or (tok[:1] == '"' and not ansi_quotes)
+
+
+def _literal(toks: list[str], ansi_quotes: bool, backslash: bool) -> tuple[Default, int]:
+    """The DEFAULT value starting at ``toks[0]`` and how many tokens it takes."""
+    first = toks[0] if toks else ""
+    low = first.lower()
+    nxt = toks[1] if len(toks) > 1 else ""
+    if first == "(":  # an expression default (MySQL 8.0.13+, MariaDB 10.2+): a constant when it is one literal
+        depth, end = 0, len(toks)
+        for j, tok in enumerate(toks):
+            depth += (tok == "(") - (tok == ")")
+            if depth == 0:
+                end = j
+                break
+        inner = toks[1:end]
+        if inner:
+            d, used = _literal(inner, ansi_quotes, backslash)
+            if d.kind != "expression" and used == len(inner):
+                return d, end + 1
+        return Default("expression", " ".join(inner)), end + 1
+    if low == "null":
+        return Default("null"), 1
+    if low in ("true", "false"):
+        return Default("bool", "1" if low == "true" else "0"), 1
+    if low in ("b", "x") and nxt[:1] == "'":  # b'0101', X'0A'
+        return _binary_literal(low, nxt[1:-1]), 2
+    if low.startswith("0x") and len(low) > 2:
+        return _binary_literal("x", first[2:]), 1
+    if low.startswith("0b") and len(low) > 2 and set(low[2:]) <= {"0", "1"}:
+        return _binary_literal("b", first[2:]), 1
+    if (low == "n" or low.startswith("_")) and _is_string(nxt, ansi_quotes):  # N'..', _utf8mb4'..'
+        d, used = _literal(toks[1:], ansi_quotes, backslash)
+        return d, used + 1
+    if _is_string(first, ansi_quotes):
+        parts, used = [], 0
+        while used < len(toks) and _is_string(toks[used], ansi_quotes):  # 'a' 'b' is 'ab'
+            parts.append(string_value(toks[used], backslash))
+            used += 1
+        return Default("string", "".join(parts)), used
+    if first in ("-", "+") and _NUMBER.fullmatch(nxt):
+        return Default("number", (first if first == "-" else "") + nxt), 2
+    if _NUMBER.fullmatch(first):
+        return Default("number", first), 1
+    # a function or a name (CURRENT_TIMESTAMP, NOW(), UUID(), NEXTVAL(s)...): up to the next attribute
+    j = 1
+    depth = 0
+    while j < len(toks) and (depth or toks[j] == "(" or toks[j] == ")"):
+        depth += (toks[j] == "(") - (toks[j] == ")")
+        j += 1
+    return Default("expression", " ".join(toks[:j])), j
+
+
+def _binary_literal(kind: str, digits: str) -> Default:
+    if kind == "x":
+        text = digits if len(digits) % 2 == 0 else "0" + digits
+        return Default("hex", data=bytes.fromhex(text))
+    value = int(digits, 2) if digits else 0
+    return Default("bits", data=value.to_bytes(max(1, (len(digits) + 7) // 8), "big"))
+
+
+def _column_def(toks: list[str], ansi_quotes: bool = False, backslash: bool = True) -> ColumnDef:
+    """``name type [attributes]``."""
     name = _name(toks[0])
     type_toks: list[str] = []
     i = 1
@@ -144,95 +323,129 @@ def _column_def(toks: list[str]) -> tuple[str, str, bool, str]:
             text = text.rstrip() + tok
         else:
             text += tok + " "
-    rest = [t.lower() for t in toks[i:]]
-    nullable = not any(rest[k] == "not" and k + 1 < len(rest) and rest[k + 1] == "null" for k in range(len(rest)))
-    if "primary" in rest:
-        nullable = False
-    placement = ""
-    if "first" in rest:
-        placement = "first"
-    elif "after" in rest:
-        k = rest.index("after")
-        placement = "after:" + _name(toks[i + k + 1]) if i + k + 1 < len(toks) else ""
-    return name, normalize_source_type(text.strip()), nullable, placement
+    nullable, placement, default = True, "", None
+    generated = auto_increment = False
+    k = i
+    while k < len(toks):
+        low = toks[k].lower()
+        if low == "not" and k + 1 < len(toks) and toks[k + 1].lower() == "null":
+            nullable = False
+            k += 2
+        elif low == "primary" or low == "serial":
+            nullable = False
+            k += 1
+        elif low == "default":
+            default, used = _literal(toks[k + 1:], ansi_quotes, backslash)
+            k += 1 + used
+        elif low == "first":
+            placement = "first"
+            k += 1
+        elif low == "after" and k + 1 < len(toks):
+            placement = "after:" + _name(toks[k + 1])
+            k += 2
+        elif low in ("generated", "as"):
+            generated = True
+            k += 1
+        elif low == "auto_increment":
+            auto_increment = True
+            k += 1
+        elif toks[k] == "(":  # an expression (CHECK, AS): skip it whole
+            d = 0
+            while k < len(toks):
+                d += (toks[k] == "(") - (toks[k] == ")")
+                k += 1
+                if d == 0:
+                    break
+        else:
+            k += 1
+    return ColumnDef(name, normalize_source_type(text.strip()), nullable, placement, default, generated,
+                     auto_increment, text.strip())
 
 
-def _alter_actions(p: _P) -> list[tuple[str, ...]]:
-    acts: list[tuple[str, ...]] = []
+_ADD_OTHER = ("index", "key", "unique", "primary", "constraint", "fulltext", "spatial", "foreign", "partition",
+              "check", "period", "system", "vector")
+_DROP_OTHER = ("index", "key", "primary", "foreign", "constraint", "partition", "check", "period", "system",
+               "default")
+
+
+def _alter_actions(p: _P) -> list[Action]:
+    acts: list[Action] = []
+
+    def coldef() -> ColumnDef:
+        return _column_def(p.balanced(), p.ansi_quotes, p.backslash)
+
     while p.i < len(p.t):
-        if p.peek() == ",":
+        if p.peek() in (",", ";"):
             p.i += 1
             continue
         if p.kw("add"):
-            if p.kw("column"):
-                pass
-            elif p.peek().lower() in ("index", "key", "unique", "primary", "constraint", "fulltext", "spatial",
-                                      "foreign", "partition", "check", "period", "system"):
-                acts.append(("other",))
+            if not p.kw("column") and p.peek().lower() in _ADD_OTHER:
+                acts.append(Action("other"))
                 p.balanced()
                 continue
-            p.kw("if", "not", "exists")
-            if p.peek() == "(":
+            guarded = p.kw("if", "not", "exists")
+            if p.peek() == "(":  # ADD [COLUMN] (a int, b int)
                 p.i += 1
                 while p.peek() not in (")", ""):
                     if p.peek() == ",":
                         p.i += 1
                         continue
-                    n, st, nullable, place = _column_def(p.balanced())
-                    acts.append(("add", n, st, "1" if nullable else "0", place))
+                    acts.append(Action("add", column=coldef(), if_exists=guarded))
                 p.i += 1
                 continue
-            n, st, nullable, place = _column_def(p.balanced())
-            acts.append(("add", n, st, "1" if nullable else "0", place))
+            acts.append(Action("add", column=coldef(), if_exists=guarded))
         elif p.kw("drop"):
-            if p.peek().lower() in ("index", "key", "primary", "foreign", "constraint", "partition", "check"):
-                acts.append(("other",))
+            if p.peek().lower() in _DROP_OTHER and p.peek(1) not in (",", ""):
+                acts.append(Action("other"))
                 p.balanced()
                 continue
             p.kw("column")
-            p.kw("if", "exists")
-            acts.append(("drop", _name(p.take())))
-            p.balanced()
+            guarded = p.kw("if", "exists")
+            acts.append(Action("drop", _name(p.take()), if_exists=guarded))
+            p.balanced()  # RESTRICT / CASCADE
         elif p.kw("modify"):
             p.kw("column")
-            p.kw("if", "exists")
-            n, st, nullable, place = _column_def(p.balanced())
-            acts.append(("modify", n, n, st, "1" if nullable else "0", place))
+            guarded = p.kw("if", "exists")
+            col = coldef()
+            acts.append(Action("modify", col.name, col, if_exists=guarded))
         elif p.kw("change"):
             p.kw("column")
-            p.kw("if", "exists")
+            guarded = p.kw("if", "exists")
             old = _name(p.take())
-            n, st, nullable, place = _column_def(p.balanced())
-            acts.append(("modify", old, n, st, "1" if nullable else "0", place))
+            acts.append(Action("modify", old, coldef(), if_exists=guarded))
         elif p.kw("rename", "column"):
+            guarded = p.kw("if", "exists")
             old = _name(p.take())
             p.kw("to")
-            acts.append(("rename_column", old, _name(p.take())))
+            acts.append(Action("rename_column", old, new_name=_name(p.take()), if_exists=guarded))
             p.balanced()
         elif p.kw("rename"):
             if p.peek().lower() in ("index", "key"):
                 p.balanced()
-                acts.append(("other",))
+                acts.append(Action("other"))
                 continue
             p.kw("to") or p.kw("as")
-            acts.append(("rename_table", *_split_qualified(p)))
+            acts.append(Action("rename_table", table=_qualified(p)))
         else:
             p.balanced()
-            acts.append(("other",))
+            acts.append(Action("other"))
     return acts
 
 
-def _split_qualified(p: _P) -> tuple[str, ...]:
+def _qualified(p: _P) -> TableId:
     first = _name(p.take())
     if p.peek() == ".":
         p.i += 1
-        return (first, _name(p.take()))
-    return ("", first)
+        return TableId(first, _name(p.take()))
+    return TableId("", first)
 
 
-def parse_ddl(sql: str, default_db: str) -> list[Ddl]:
-    """What a Query event's statement does to tables; ``[]`` when it touches none we follow."""
-    p = _P(_tokens(sql))
+def parse_ddl(sql: str, default_db: str, sql_mode: int = 0) -> list[Ddl]:
+    """What a Query event's statement does to tables; ``[]`` when it touches none we follow. ``sql_mode`` (the
+    event's) says whether ``"`` quotes names (ANSI_QUOTES) and whether backslashes escape (NO_BACKSLASH_ESCAPES)."""
+    ansi = bool(sql_mode & MODE_ANSI_QUOTES)
+    backslash = not sql_mode & MODE_NO_BACKSLASH_ESCAPES
+    p = _P(_tokens(sql, ansi, backslash), ansi, backslash)
     if p.kw("truncate"):
         p.kw("table")
         return [Ddl("truncate", p.table(default_db))]
@@ -243,19 +456,25 @@ def parse_ddl(sql: str, default_db: str) -> list[Ddl]:
             return []
         p.kw("if", "exists")
         table = p.table(default_db)
+        if p.kw("wait"):  # MariaDB: WAIT n | NOWAIT
+            p.take()
+        p.kw("nowait")
         out: list[Ddl] = []
         acts = _alter_actions(p)
-        col_acts = tuple(a for a in acts if a[0] not in ("rename_table",))
+        col_acts = tuple(a for a in acts if a.kind != "rename_table")
         out.append(Ddl("alter", table, actions=col_acts))
         for a in acts:
-            if a[0] == "rename_table":
-                out.append(Ddl("rename", table, TableId(a[1] or table.schema, a[2])))
+            if a.kind == "rename_table" and a.table is not None:
+                out.append(Ddl("rename", table, TableId(a.table.schema or table.schema, a.table.name)))
         return out
     if p.kw("rename", "table") or p.kw("rename", "tables"):
         out = []
         while p.i < len(p.t):
             p.kw("if", "exists")
             old = p.table(default_db)
+            if p.kw("wait"):
+                p.take()
+            p.kw("nowait")
             p.kw("to")
             new = p.table(default_db)
             out.append(Ddl("rename", old, new))
@@ -281,50 +500,3 @@ def parse_ddl(sql: str, default_db: str) -> list[Ddl]:
         p.kw("if", "not", "exists")
         return [Ddl("create", p.table(default_db))]
     return []
-
-
-def apply_alter(schema: TableSchema, actions: tuple[tuple[str, ...], ...]) -> TableSchema | None:
-    """The schema after ALTER TABLE column actions; None when an action cannot be applied
-    (the next table map then defines the new shape)."""
-    cols = list(schema.columns)
-    key = list(schema.key)
-
-    def index(name: str) -> int:
-        for i, c in enumerate(cols):
-            if c.name.lower() == name.lower():
-                return i
-        raise KeyError(name)
-
-    def place(col: Column, where: str, at: int | None = None) -> None:
-        if where == "first":
-            cols.insert(0, col)
-        elif where.startswith("after:"):
-            cols.insert(index(where[6:]) + 1, col)
-        elif at is not None:
-            cols.insert(at, col)
-        else:
-            cols.append(col)
-
-    try:
-        for a in actions:
-            if a[0] == "add":
-                place(Column(a[1], arrow_type(a[2]), a[2], a[3] == "1"), a[4])
-            elif a[0] == "drop":
-                dropped = cols.pop(index(a[1]))
-                key = [k for k in key if k != dropped.name]
-            elif a[0] == "modify":
-                i = index(a[1])
-                old = cols.pop(i)
-                new = Column(a[2], arrow_type(a[3]), a[3], a[4] == "1")
-                place(new, a[5], at=i)
-                key = [new.name if k == old.name else k for k in key]
-            elif a[0] == "rename_column":
-                i = index(a[1])
-                old = cols[i]
-                cols[i] = Column(a[2], old.type, old.source_type, old.nullable)
-                key = [a[2] if k == old.name else k for k in key]
-    except (KeyError, ValueError):
-        return None
-    names = [c.name for c in cols]
-    key = [k for k in names if k in key]  # key in column order, as the table map gives it
-    return TableSchema(schema.table, tuple(cols), tuple(key), schema.version)

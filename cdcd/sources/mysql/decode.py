@@ -42,14 +42,16 @@ from cdcd.errors import SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import MySqlPosition, binlog_index
 from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decoding)
+from cdcd.sources.mysql.alter import apply_alter
 from cdcd.sources.mysql.binlogevents import event_start, refuse_undecoded, row_image_bytes
 from cdcd.sources.mysql.columnar import DEFER_BYTES, DEFER_ROWS, BlockBuilder
-from cdcd.sources.mysql.ddl import apply_alter, parse_ddl
+from cdcd.sources.mysql.ddl import parse_ddl
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
 from cdcd.sources.mysql.rowimage import TableDecoder, compile_table, table_map_signature
 from cdcd.sources.mysql.schema import (
     SchemaHistory,
     refine_types,
+    same_columns,
     same_shape,
     schema_from_table_map,
     schema_to_json,
@@ -58,6 +60,8 @@ from cdcd.sources.mysql.types import ZERO_DATE, Converter, ZeroValue, stream_con
 
 _FL_STANDALONE = 1  # MariaDB GTID flag: the transaction is one statement (DDL), no XID follows
 _FL_PREPARED_XA = 64  # MariaDB GTID flag: the group is an XA transaction's XA PREPARE (its rows)
+UNKNOWN_FILL = ("a column was added whose existing rows hold values no change event carries: the mirror shows NULL "
+                "for those rows until the table is read again")
 _TX_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "XA ", "RELEASE SAVEPOINT")
 
 
@@ -303,7 +307,7 @@ class Decoder:
     def _ddl(self, ev: Any, query: str, default_db: str) -> list[Item]:
         items: list[Item] = []
         ts = self._ts(ev)
-        for ddl in parse_ddl(query, default_db):
+        for ddl in parse_ddl(query, default_db, int(getattr(ev, "sql_mode", 0) or 0)):
             table = ddl.table
             captured = table is not None and (table in self.tables or ddl.new_table in self.tables)
             if not captured and self._legacy:
@@ -319,15 +323,21 @@ class Decoder:
                     items.append(ChangeEvent(Op.TRUNCATE, current, slot, tx_id=self.tx_id, commit_ts=ts))
             elif ddl.kind == "alter" and table in self.tables and ddl.actions:
                 current = self.history.at(table, replace(slot, seq=slot.seq - 1))  # the shape before the ALTER
-                new = apply_alter(current, ddl.actions) if current is not None else None
-                if new is not None and current is not None and not same_shape(new, current):
-                    new = self.history.record(slot, new)
+                altered = apply_alter(current, ddl.actions, self.history.next_id(table)) \
+                    if current is not None else None
+                # any change of a column is a new version, a length or an order too (not only the Arrow shape)
+                if altered is not None and current is not None and not same_columns(altered.schema, current):
+                    new = self.history.record(slot, altered.schema)
                     items.append(Mark(MarkKind.SCHEMA, slot, {"table": str(table), "schema": schema_to_json(new),
                                                               "reason": "ddl", "ddl": query[:2000]}))
+                    for name, why in altered.unknown:
+                        warn_once(table, name, UNKNOWN_FILL, why=why, position=str(slot),
+                                  fix=f"cdcd snapshot {table} re-reads the table's rows")
             elif ddl.kind == "rename" and ddl.new_table is not None:
                 moved = self.history.at(table, slot)
                 if ddl.new_table in self.tables and moved is not None:
-                    new = self.history.record(slot, TableSchema(ddl.new_table, moved.columns, moved.key))
+                    columns = tuple(replace(c, fill=None) for c in moved.columns)
+                    new = self.history.record(slot, TableSchema(ddl.new_table, columns, moved.key))
                     items.append(Mark(MarkKind.SCHEMA, slot,
                                       {"table": str(ddl.new_table), "schema": schema_to_json(new),
                                        "reason": "rename", "ddl": query[:2000]}))

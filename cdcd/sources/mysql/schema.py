@@ -6,19 +6,22 @@ values and the primary key in the binlog), so old events always decode with
 the columns they were written with. The history gives those shapes stable
 version numbers across restarts, carries the richer snapshot types, and
 follows DDL (``ALTER TABLE ... ADD/DROP/MODIFY/CHANGE/RENAME COLUMN``,
-``RENAME TABLE``, ``TRUNCATE``) from Query events (parsed by ``ddl.py``). It is
-persisted in the source state that ``fold`` returns.
+``RENAME TABLE``, ``TRUNCATE``) from Query events (parsed by ``ddl.py``, applied by
+``alter.py``). Each column has an id, the table's next free number when the
+column first appears (a snapshot, a table map, an ADD COLUMN), kept through
+renames and type changes; a table map's columns take the ids of the columns of
+their names. It is persisted in the source state that ``fold`` returns.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from cdcd.events import Column, TableId, TableSchema
+from cdcd.events import Column, Fill, TableId, TableSchema
 from cdcd.positions import MySqlPosition, position_from_json
-from cdcd.sources.mysql.types import arrow_type, quote_values
+from cdcd.sources.mysql.types import arrow_type, key_from_json, key_to_json, quote_values
 
 MAX_VERSIONS_KEPT = 64
 
@@ -122,17 +125,54 @@ def same_shape(a: TableSchema, b: TableSchema) -> bool:
     )
 
 
+def same_columns(a: TableSchema, b: TableSchema) -> bool:
+    """Equal as a DDL sees it: names, ids, source types (``varchar(20)`` is not ``varchar(200)``), nullability,
+    order and key; fills aside (a fill belongs to the version that added its column)."""
+    def cols(s: TableSchema) -> list[tuple[object, ...]]:
+        return [(c.name, c.id, c.source_type, c.nullable) for c in s.columns]
+    return a.key == b.key and cols(a) == cols(b)
+
+
 def schema_to_json(s: TableSchema) -> dict[str, Any]:
-    return {
-        "columns": [[c.name, c.source_type, c.nullable] for c in s.columns],
-        "key": list(s.key),
-        "version": s.version,
-    }
+    """``columns``: ``[name, source_type, nullable, id]``, with the fill's value (``key_to_json``) fifth."""
+    columns: list[list[Any]] = []
+    for c in s.columns:
+        entry: list[Any] = [c.name, c.source_type, c.nullable, c.id]
+        if c.fill is not None:
+            entry.append(key_to_json((c.fill.value,))[0])
+        columns.append(entry)
+    return {"columns": columns, "key": list(s.key), "version": s.version}
 
 
 def schema_from_json(table: TableId, doc: dict[str, Any]) -> TableSchema:
-    cols = tuple(Column(n, arrow_type(st), st, bool(nullable)) for n, st, nullable in doc["columns"])
-    return TableSchema(table, cols, tuple(doc["key"]), int(doc["version"]))
+    """The schema; a history an earlier version saved has no ids: the columns take 1..n by position."""
+    cols = []
+    for i, entry in enumerate(doc["columns"]):
+        name, st, nullable = entry[:3]
+        cid = entry[3] if len(entry) > 3 and entry[3] is not None else i + 1
+        fill = Fill(key_from_json([entry[4]])[0]) if len(entry) > 4 else None
+        cols.append(Column(name, arrow_type(st), st, bool(nullable), int(cid), fill))
+    return TableSchema(table, tuple(cols), tuple(doc["key"]), int(doc["version"]))
+
+
+def with_ids(schema: TableSchema, before: TableSchema | None, next_id: int) -> TableSchema:
+    """``schema`` (from a table map or the catalog: no ids) with each column's id: the one of the column of its
+    name in ``before``, else the next free one. A column that has an id keeps it."""
+    if all(c.id is not None for c in schema.columns):
+        return schema
+    known = {c.name.lower(): c.id for c in (before.columns if before is not None else ())}
+    taken = {c.id for c in schema.columns if c.id is not None}
+    cols = []
+    for c in schema.columns:
+        cid = c.id
+        if cid is None:
+            cid = known.get(c.name.lower())
+            if cid is None or cid in taken:
+                cid = next_id
+                next_id += 1
+            taken.add(cid)
+        cols.append(replace(c, id=cid))
+    return TableSchema(schema.table, tuple(cols), schema.key, schema.version)
 
 
 @dataclass
@@ -142,10 +182,11 @@ class _Entry:
 
 
 class SchemaHistory:
-    """Per table, the schemas in force from each position on."""
+    """Per table, the schemas in force from each position on, and the next column id to give (never reused)."""
 
     def __init__(self) -> None:
         self._entries: dict[TableId, list[_Entry]] = {}
+        self._next_id: dict[TableId, int] = {}
 
     def at(self, table: TableId, pos: MySqlPosition) -> TableSchema | None:
         """The schema in force at ``pos`` (the last one recorded at or before it)."""
@@ -159,29 +200,51 @@ class SchemaHistory:
         entries = self._entries.get(table)
         return entries[-1].schema if entries else None
 
+    def next_id(self, table: TableId) -> int:
+        """The id the table's next new column takes: above every id it ever had, dropped columns' too."""
+        return self._next_id.get(table, 1)
+
+    def _saw(self, schema: TableSchema) -> None:
+        top = max((c.id for c in schema.columns if c.id is not None), default=0)
+        self._next_id[schema.table] = max(self.next_id(schema.table), top + 1)
+
     def record(self, pos: MySqlPosition, schema: TableSchema) -> TableSchema:
-        """Record ``schema`` as in force from ``pos``; returns it with its version number."""
+        """Record ``schema`` as in force from ``pos``; returns it with its version number and column ids (columns
+        without one take the id of the column of their name before ``pos``, or a new one)."""
         entries = self._entries.setdefault(schema.table, [])
         for e in entries:
             if e.pos == pos:
                 return e.schema  # already known (a replay)
         version = max((e.schema.version for e in entries), default=0) + 1
-        s = TableSchema(schema.table, schema.columns, schema.key, version)
+        before = self.at(schema.table, pos) or self.latest(schema.table)
+        s = with_ids(TableSchema(schema.table, schema.columns, schema.key, version), before,
+                     self.next_id(schema.table))
         bisect.insort(entries, _Entry(pos, s), key=lambda e: e.pos)
         del entries[:-MAX_VERSIONS_KEPT]
+        self._saw(s)
         return s
 
     def add_entry(self, pos: MySqlPosition, schema: TableSchema) -> None:
         """Add an entry with its version as is (loading, folding); duplicates are ignored."""
         entries = self._entries.setdefault(schema.table, [])
+        self._saw(schema)
         if any(e.pos == pos for e in entries):
             return
         bisect.insort(entries, _Entry(pos, schema), key=lambda e: e.pos)
         del entries[:-MAX_VERSIONS_KEPT]
 
+    def successor(self) -> SchemaHistory:
+        """A history for a new snapshot of the same tables: the latest schema of each table (its columns keep their
+        ids by name) and the next ids, nothing older."""
+        h = SchemaHistory()
+        h._next_id = dict(self._next_id)
+        h._entries = {t: entries[-1:] for t, entries in self._entries.items() if entries}
+        return h
+
     def to_json(self) -> dict[str, Any]:
         return {
-            str(t): [{"pos": e.pos.to_json(), "schema": schema_to_json(e.schema)} for e in entries]
+            str(t): [{"pos": e.pos.to_json(), "schema": schema_to_json(e.schema), "next_id": self.next_id(t)}
+                     for e in entries]
             for t, entries in sorted(self._entries.items())
         }
 
@@ -194,4 +257,5 @@ class SchemaHistory:
                 pos = position_from_json(e["pos"])
                 assert isinstance(pos, MySqlPosition)
                 h.add_entry(pos, schema_from_json(table, e["schema"]))
+                h._next_id[table] = max(h.next_id(table), int(e.get("next_id") or 1))
         return h

@@ -216,7 +216,8 @@ class MySqlSource(Source):
     def _resnapshot_plan(self, mode: str, facts: BinlogFacts) -> _Plan:
         """A new snapshot replacing a lost position: a new epoch on this server, so its rows and the changes after
         it sort above everything landed before."""
-        self.server.history = SchemaHistory()
+        # the columns keep their ids across the new snapshot (a consumer matches them by id)
+        self.server.history = self.server.history.successor()
         self.server.epoch += 1
         self.server.adopt(facts, None)
         return self._fresh_snapshot_plan(mode)
