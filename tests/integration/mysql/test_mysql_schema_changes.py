@@ -1,0 +1,138 @@
+"""ALTER TABLE under a running stream on the real MariaDB: each column-changing statement lands a schema version whose
+columns carry their ids (kept through renames and type changes, new for a column dropped and added again) and, on
+the version that added a column with a constant DEFAULT, its fill; rows land under the right columns; a restart
+keeps the ids (docs/mysql.md, "Schema changes")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from my_helpers import Driver
+
+from cdcd.config import Config
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, RowBlock
+from cdcd.landing.manifest import TableEntry
+from cdcd.landing.reader import read_batches
+from cdcd.runtime.interfaces import Batch
+from cdcd.sinks.landing import LandingSink
+
+
+def _has_row(key: int) -> Callable[[list[Item]], bool]:
+    def seen(items: list[Item]) -> bool:
+        last = items[-1] if items else None
+        if isinstance(last, ChangeBlock | RowBlock):
+            return key in last.data.column("id").to_pylist()
+        return isinstance(last, ChangeEvent) and last.after is not None and last.after.get("id") == key
+    return seen
+
+
+async def _land(path: Path, seq: int, items: list[Item]) -> None:
+    sink = LandingSink(path)
+    await sink.open()
+    await sink.deliver(Batch(seq, list(items)))
+    await sink.close()
+
+
+def _landed(path: Path) -> tuple[dict[int, tuple[TableEntry, pa.Schema]], dict[int, dict[str, Any]]]:
+    """Each landed schema version of the table (with its data file's Arrow schema), and each key's last landed row
+    (with its schema version)."""
+    versions: dict[int, tuple[TableEntry, pa.Schema]] = {}
+    rows: dict[int, dict[str, Any]] = {}
+    for batch in read_batches(path):
+        for f in batch.files:
+            versions[f.schema.version] = (f.schema, f.data.schema)
+            for r in f.data.to_pylist():
+                if r["_cdc_op"] in ("c", "u", "r"):
+                    rows[r["id"]] = {k: v for k, v in r.items() if not k.startswith("_cdc_")} | \
+                        {"_v": r["_cdc_schema_version"]}
+    return versions, rows
+
+
+def _columns(version: tuple[TableEntry, pa.Schema]) -> list[tuple[str, int | None, str]]:
+    return [(c.name, c.id, c.source_type) for c in version[0].columns]
+
+
+def _fills(version: tuple[TableEntry, pa.Schema]) -> dict[str, Any]:
+    entry, schema = version
+    return {c.name: c.fill_value(schema.field(c.name).type) for c in entry.columns if c.fill is not None}
+
+
+async def test_alters_under_a_running_stream_land_ids_fills_and_versions(
+        make_config: Callable[..., Config], sql: Callable[..., Any], tmp_path: Path) -> None:
+    sql("CREATE TABLE sc (id INT PRIMARY KEY, label VARCHAR(20), qty INT, extra VARCHAR(10), note TEXT)",
+        "INSERT INTO sc VALUES (1, 'one', 1, 'e1', 'n1'), (2, 'two', 2, 'e2', 'n2')")
+    landing = tmp_path / "landing"
+    cfg = make_config(["sc"])
+    async with Driver(cfg) as d:
+        d.expand_blocks = False
+        items = await d.until_mark(MarkKind.SNAPSHOT_DONE)
+        sql("ALTER TABLE sc ADD COLUMN d1 VARCHAR(10) NOT NULL DEFAULT 'it''s', ADD COLUMN d2 DECIMAL(10,2) "
+            "DEFAULT 1.5, ADD COLUMN (d3 DATE DEFAULT '2024-02-29', d4 INT DEFAULT NULL), "
+            "ADD COLUMN d5 VARBINARY(4) DEFAULT 0x4142, ADD d6 DATETIME DEFAULT CURRENT_TIMESTAMP, ALGORITHM=INSTANT",
+            "INSERT INTO sc (id, label, qty, extra, note) VALUES (3, 'three', 3, 'e3', 'n3')",
+            "ALTER TABLE sc RENAME COLUMN label TO title",
+            "INSERT INTO sc (id, title, qty) VALUES (4, 'four', 4)",
+            "ALTER TABLE sc CHANGE COLUMN extra remark VARCHAR(10)",
+            "INSERT INTO sc (id, title, remark) VALUES (5, 'five', 'r5')",
+            "ALTER TABLE sc MODIFY title VARCHAR(200)",
+            f"INSERT INTO sc (id, title) VALUES (6, '{'t' * 150}')",
+            "ALTER TABLE sc MODIFY qty BIGINT",
+            "INSERT INTO sc (id, qty) VALUES (7, 5000000000)")
+        items += await d.take(_has_row(7))
+        await _land(landing, 1, items)
+        await d.commit()
+        state, position = d.state, d.position
+    versions, rows = _landed(landing)
+    snap = versions[1]
+    assert _columns(snap) == [("id", 1, "int"), ("label", 2, "varchar(20)"), ("qty", 3, "int"),
+                              ("extra", 4, "varchar(10)"), ("note", 5, "text")]
+    assert not _fills(snap)
+    added = versions[rows[3]["_v"]]
+    assert [(n, i) for n, i, _ in _columns(added)][5:] == [("d1", 6), ("d2", 7), ("d3", 8), ("d4", 9), ("d5", 10),
+                                                            ("d6", 11)]
+    # constant defaults fill, NULL and CURRENT_TIMESTAMP do not
+    assert _fills(added) == {"d1": "it's", "d2": Decimal("1.50"), "d3": date(2024, 2, 29), "d5": b"AB"}
+    renamed = versions[rows[4]["_v"]]
+    assert _columns(renamed)[1] == ("title", 2, "varchar(20)") and not _fills(renamed)
+    changed = versions[rows[5]["_v"]]
+    assert _columns(changed)[3] == ("remark", 4, "varchar(10)")
+    widened = versions[rows[6]["_v"]]
+    assert _columns(widened)[1] == ("title", 2, "varchar(200)") and rows[6]["title"] == "t" * 150
+    bigger = versions[rows[7]["_v"]]
+    assert _columns(bigger)[2] == ("qty", 3, "bigint") and rows[7]["qty"] == 5_000_000_000
+    assert len({rows[k]["_v"] for k in (3, 4, 5, 6, 7)}) == 5  # each ALTER its own version
+    assert rows[3]["d1"] == "it's" and rows[5]["remark"] == "r5" and rows[4]["title"] == "four"
+    assert isinstance(rows[3]["d6"], datetime)
+
+    # a restart from the checkpoint's state: the same ids, and new ones above every id the table ever had
+    async with Driver(make_config(["sc"]), position, state) as d:
+        d.expand_blocks = False
+        sql("ALTER TABLE sc DROP COLUMN note",
+            "INSERT INTO sc (id) VALUES (8)",
+            "ALTER TABLE sc ADD COLUMN note INT DEFAULT 42",
+            "INSERT INTO sc (id) VALUES (9)",
+            "ALTER TABLE sc ADD COLUMN after_id SMALLINT NOT NULL DEFAULT 7 AFTER id",
+            "INSERT INTO sc (id, qty) VALUES (10, 10)",
+            "ALTER TABLE sc MODIFY remark VARCHAR(10) FIRST",
+            "INSERT INTO sc (id, remark, after_id) VALUES (11, 'r11', 3)")
+        later = await d.take(_has_row(11))
+        await _land(landing, 2, later)
+        marks = [i for i in later if isinstance(i, Mark) and i.kind is MarkKind.SCHEMA]
+        assert [m.detail["reason"] for m in marks] == ["ddl"] * 4
+    versions, rows = _landed(landing)
+    dropped = versions[rows[8]["_v"]]
+    assert "note" not in [n for n, _, _ in _columns(dropped)]
+    again = versions[rows[9]["_v"]]
+    assert _columns(again)[-1] == ("note", 12, "int") and _fills(again) == {"note": 42}
+    after = versions[rows[10]["_v"]]
+    assert _columns(after)[:2] == [("id", 1, "int"), ("after_id", 13, "smallint")]
+    assert _fills(after) == {"after_id": 7}  # only the version that added the column fills it
+    first = versions[rows[11]["_v"]]
+    assert _columns(first)[:3] == [("remark", 4, "varchar(10)"), ("id", 1, "int"), ("after_id", 13, "smallint")]
+    assert (rows[11]["remark"], rows[11]["after_id"], rows[10]["qty"]) == ("r11", 3, 10)
+    assert rows[9]["note"] == 42 and rows[11]["title"] is None
