@@ -16,6 +16,7 @@ from cdcd.events import Column, Fill, Mark, MarkKind, TableId, TableSchema
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.alter import apply_alter
 from cdcd.sources.mysql.ddl import MODE_ANSI_QUOTES, MODE_NO_BACKSLASH_ESCAPES, Action, Default, parse_ddl
+from cdcd.sources.mysql.defaults import column_fill
 from cdcd.sources.mysql.schema import MAX_VERSIONS_KEPT, SchemaHistory, schema_from_json, schema_to_json
 from cdcd.sources.mysql.state import fold_state
 from cdcd.sources.mysql.types import arrow_type
@@ -178,6 +179,13 @@ def test_constant_defaults_fill_with_the_landed_value(coldef: str, value: Any) -
     fill, unknown = _fill(coldef)
     assert fill == Fill(value) and unknown == ()
     assert type(fill.value) is type(value)
+
+
+def test_json_defaults_read_as_each_server_keeps_them() -> None:
+    (add,) = _actions("""ALTER TABLE t ADD COLUMN j JSON DEFAULT ('{"bb": 1, "a": [1, 2]}')""")
+    assert add.column is not None
+    assert column_fill(add.column, "mysql")[0] == Fill('{"a": [1, 2], "bb": 1}')  # binary JSON: keys by length
+    assert column_fill(add.column, "mariadb")[0] == Fill('{"bb": 1, "a": [1, 2]}')  # MariaDB: the text as given
 
 
 @pytest.mark.parametrize(("coldef", "why"), [

@@ -29,8 +29,10 @@ class _Cannot(Exception):
     """A clause names a column the schema does not have: the next table map defines the new shape."""
 
 
-def apply_alter(schema: TableSchema, actions: tuple[Action, ...], next_id: int) -> Altered | None:
-    """The schema after the column clauses; None when a clause cannot be applied to it."""
+def apply_alter(schema: TableSchema, actions: tuple[Action, ...], next_id: int,
+                flavor: str = "mariadb") -> Altered | None:
+    """The schema after the column clauses; None when a clause cannot be applied to it. ``flavor``: the server's
+    (``mariadb`` or ``mysql``), which decides how some defaults read (``defaults.column_fill``)."""
     cols = [replace(c, fill=None) for c in schema.columns]
     key = list(schema.key)
     unknown: list[tuple[str, str]] = []
@@ -65,7 +67,7 @@ def apply_alter(schema: TableSchema, actions: tuple[Action, ...], next_id: int) 
             if a.kind == "add" and a.column is not None:
                 if a.if_exists and find(a.column.name) is not None:
                     continue  # ADD COLUMN IF NOT EXISTS of a column the table has: nothing happens
-                fill, why = column_fill(a.column)
+                fill, why = column_fill(a.column, flavor)
                 place(replace(column(a.column, next_id), fill=fill), a.column.placement)
                 next_id += 1
                 if why:

@@ -323,7 +323,7 @@ class Decoder:
                     items.append(ChangeEvent(Op.TRUNCATE, current, slot, tx_id=self.tx_id, commit_ts=ts))
             elif ddl.kind == "alter" and table in self.tables and ddl.actions:
                 current = self.history.at(table, replace(slot, seq=slot.seq - 1))  # the shape before the ALTER
-                altered = apply_alter(current, ddl.actions, self.history.next_id(table)) \
+                altered = apply_alter(current, ddl.actions, self.history.next_id(table), self.flavor) \
                     if current is not None else None
                 # any change of a column is a new version, a length or an order too (not only the Arrow shape)
                 if altered is not None and current is not None and not same_columns(altered.schema, current):

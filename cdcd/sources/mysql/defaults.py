@@ -35,8 +35,9 @@ from cdcd.sources.mysql.types import (
 _TIME = re.compile(r"^(-)?(?:(\d+) )?(\d+)(?::(\d+))?(?::(\d+))?(?:\.(\d{1,6})\d*)?$")
 
 
-def column_fill(col: ColumnDef) -> tuple[Fill | None, str]:
-    """(the fill, "") or (None, why the existing rows' value is unknown; "" when they hold NULL)."""
+def column_fill(col: ColumnDef, flavor: str = "mariadb") -> tuple[Fill | None, str]:
+    """(the fill, "") or (None, why the existing rows' value is unknown; "" when they hold NULL). ``flavor``:
+    MySQL keeps JSON in its binary form (the stream lands it re-printed), MariaDB as the text given."""
     if col.generated:
         return None, "a generated column: each row holds its own value"
     if col.auto_increment:
@@ -54,7 +55,7 @@ def column_fill(col: ColumnDef) -> tuple[Fill | None, str]:
         return None, ("a TIMESTAMP default is read in the session time zone of the ALTER (or is CURRENT_TIMESTAMP "
                       "under explicit_defaults_for_timestamp = OFF), which the binlog does not say")
     try:
-        value = default_value(default, col.source_type, col.type_text)
+        value = default_value(default, col.source_type, col.type_text, flavor)
     except (ValueError, InvalidOperation, OverflowError) as exc:
         return None, f"DEFAULT cannot be read as {col.source_type}: {exc}"
     return (None, "") if value is None else (Fill(value), "")
@@ -77,7 +78,7 @@ def _text(default: Default) -> str:
     return "" if default.kind == "implicit" else default.text
 
 
-def default_value(default: Default, source_type: str, type_text: str = "") -> Any:
+def default_value(default: Default, source_type: str, type_text: str = "", flavor: str = "mariadb") -> Any:
     """The landed value (of the column's Arrow type) of a constant default; None where the value lands NULL.
     ``type_text``: the type as written, whose ENUM and SET labels keep their case."""
     base, args, unsigned = split_type(source_type)
@@ -110,10 +111,10 @@ def default_value(default: Default, source_type: str, type_text: str = "") -> An
         return _time(_text(default), args)
     if base in ("enum", "set") and "(" in type_text:
         args = type_text[type_text.index("(") + 1:type_text.rindex(")")]
-    return _string(default, base, args)
+    return _string(default, base, args, flavor)
 
 
-def _string(default: Default, base: str, args: str) -> Any:
+def _string(default: Default, base: str, args: str, flavor: str) -> Any:
     text = _text(default)
     if base == "enum":
         labels = type_values(args)
@@ -135,7 +136,7 @@ def _string(default: Default, base: str, args: str) -> Any:
         return inet6_text(ipaddress.IPv6Address(text).packed)
     if base == "inet4":
         return str(ipaddress.IPv4Address(text))
-    if base == "json":
+    if base == "json" and flavor == "mysql":
         return json.dumps(_json_order(json.loads(text)), ensure_ascii=False)
     return text
 

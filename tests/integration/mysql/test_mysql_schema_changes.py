@@ -15,11 +15,12 @@ import pyarrow as pa
 from my_helpers import Driver
 
 from cdcd.config import Config
-from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, RowBlock
+from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, RowBlock, TableId
 from cdcd.landing.manifest import TableEntry
 from cdcd.landing.reader import read_batches
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
+from cdcd.sources.mysql.schema import schema_from_json
 
 
 def _has_row(key: int) -> Callable[[list[Item]], bool]:
@@ -136,3 +137,36 @@ async def test_alters_under_a_running_stream_land_ids_fills_and_versions(
     assert _columns(first)[:3] == [("remark", 4, "varchar(10)"), ("id", 1, "int"), ("after_id", 13, "smallint")]
     assert (rows[11]["remark"], rows[11]["after_id"], rows[10]["qty"]) == ("r11", 3, 10)
     assert rows[9]["note"] == 42 and rows[11]["title"] is None
+
+
+async def test_the_binlog_text_of_each_lexical_form_is_read(make_config: Callable[..., Config],
+                                                            sql: Callable[..., Any], tmp_path: Path) -> None:
+    """Comments, versioned comments, quoted names, IF [NOT] EXISTS, WAIT, escapes, NO_BACKSLASH_ESCAPES and
+    ANSI_QUOTES, as the server logs them."""
+    sql("CREATE TABLE lx (id INT PRIMARY KEY, a INT)", "INSERT INTO lx VALUES (1, 1)")
+    async with Driver(make_config(["lx"], snapshot={"mode": "initial"})) as d:
+        d.expand_blocks = False
+        items = await d.until_mark(MarkKind.SNAPSHOT_DONE)
+        sql("ALTER TABLE lx /* a, comment */ ADD COLUMN `a b` INT DEFAULT 3 -- no, ADD nope INT\n"
+            ", ADD COLUMN `q``t` VARCHAR(8) DEFAULT 'x\\'y#' # hash\n, ALGORITHM=INSTANT, LOCK=NONE",
+            "/*!50100 ALTER TABLE lx ADD COLUMN v1 INT DEFAULT 1 */",
+            "ALTER TABLE lx WAIT 2 ADD COLUMN IF NOT EXISTS `a b` INT, DROP COLUMN IF EXISTS nope, "
+            "MODIFY COLUMN IF EXISTS `a b` BIGINT DEFAULT 3, CHANGE COLUMN IF EXISTS a `renamed a` INT")
+        sql("SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'",
+            "ALTER TABLE lx ADD COLUMN nb VARCHAR(5) DEFAULT 'a\\'")
+        sql("SET SESSION sql_mode = 'ANSI_QUOTES'",
+            'ALTER TABLE "lx" ADD COLUMN "dq col" VARCHAR(5) DEFAULT \'dq\'',
+            "INSERT INTO lx (id, `renamed a`) VALUES (2, 2)")
+        items += await d.take(_has_row(2))
+        await _land(tmp_path, 1, items)
+    versions, rows = _landed(tmp_path)
+    last = versions[rows[2]["_v"]]
+    assert _columns(last) == [("id", 1, "int"), ("renamed a", 2, "int"), ("a b", 3, "bigint"),
+                              ("q`t", 4, "varchar(8)"), ("v1", 5, "int"), ("nb", 6, "varchar(5)"),
+                              ("dq col", 7, "varchar(5)")]
+    # versions without rows land no file: their fills are in the schema marks
+    fills = {c.name: c.fill.value for m in items if isinstance(m, Mark) and m.kind is MarkKind.SCHEMA
+             for c in schema_from_json(TableId("x", "lx"), m.detail["schema"]).columns if c.fill is not None}
+    assert fills == {"a b": 3, "q`t": "x'y#", "v1": 1, "nb": "a\\", "dq col": "dq"}
+    assert {k: v for k, v in rows[2].items() if k != "_v"} == {
+        "id": 2, "renamed a": 2, "a b": 3, "q`t": "x'y#", "v1": 1, "nb": "a\\", "dq col": "dq"}
