@@ -60,8 +60,6 @@ from cdcd.sources.mysql.types import ZERO_DATE, Converter, ZeroValue, stream_con
 
 _FL_STANDALONE = 1  # MariaDB GTID flag: the transaction is one statement (DDL), no XID follows
 _FL_PREPARED_XA = 64  # MariaDB GTID flag: the group is an XA transaction's XA PREPARE (its rows)
-UNKNOWN_FILL = ("a column was added whose existing rows hold values no change event carries: the mirror shows NULL "
-                "for those rows until the table is read again")
 _TX_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "XA ", "RELEASE SAVEPOINT")
 
 
@@ -328,11 +326,11 @@ class Decoder:
                 # any change of a column is a new version, a length or an order too (not only the Arrow shape)
                 if altered is not None and current is not None and not same_columns(altered.schema, current):
                     new = self.history.record(slot, altered.schema)
-                    items.append(Mark(MarkKind.SCHEMA, slot, {"table": str(table), "schema": schema_to_json(new),
-                                                              "reason": "ddl", "ddl": query[:2000]}))
-                    for name, why in altered.unknown:
-                        warn_once(table, name, UNKNOWN_FILL, why=why, position=str(slot),
-                                  fix=f"cdcd snapshot {table} re-reads the table's rows")
+                    detail: dict[str, Any] = {"table": str(table), "schema": schema_to_json(new), "reason": "ddl",
+                                              "ddl": query[:2000]}
+                    if altered.unknown:  # the source has the table read again (source.py, _judge_mark)
+                        detail["unknown"] = [list(u) for u in altered.unknown]
+                    items.append(Mark(MarkKind.SCHEMA, slot, detail))
             elif ddl.kind == "rename" and ddl.new_table is not None:
                 moved = self.history.at(table, slot)
                 if ddl.new_table in self.tables and moved is not None:

@@ -96,7 +96,7 @@ class MySqlSource(Source):
         self._chunks = MyChunkReader(self.server, self._stream, self._coord)
         self._incr = self._coord.incremental
         self._incr.last = self._stream.last_position
-        self._incr.replaced = replaced_by
+        self._incr.replaced = self._judge_mark
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
 
     # ------------------------------------------------------------ connect
@@ -295,6 +295,29 @@ class MySqlSource(Source):
         if any(t not in self.tables for t in new):
             self._check_incremental("table reload (an added table is snapshotted incrementally)")
         return self._incr.submit(lambda: self._apply_tables(new))
+
+    def _judge_mark(self, mark: Mark) -> tuple[TableId, str] | None:
+        """A DDL/schema mark, as the coordinator hands it on (before it goes out): a replaced table
+        (``replaced_by``), or an added column whose existing rows hold values no event carries (a non-constant
+        default: ``defaults.py``), which a whole-table incremental snapshot reads again."""
+        unknown = mark.detail.get("unknown") if mark.kind is MarkKind.SCHEMA else None
+        if not unknown:
+            return replaced_by(mark)
+        table = TableId.parse(str(mark.detail["table"]))
+        columns = ", ".join(str(name) for name, _ in unknown)
+        schema = self.server.history.latest(table)
+        no_gtids = self.server.flavor == "mysql" and not self.server.gtid_mode
+        if self.config.snapshot.mode == "initial_only" or no_gtids or schema is None or not schema.key:
+            log.error(f"table {table}: the rows it had before column(s) {columns} were added hold values no change "
+                      "event carries (a default that is not a constant) and cdcd cannot read them again by itself "
+                      "(no primary key, or MySQL without GTIDs): the mirror shows NULL there. Fix: take a new "
+                      "snapshot of the table (docs/mysql.md, \"Schema changes\")", table=str(table), columns=columns)
+            return None
+        log.warning(f"table {table}: column(s) {columns} were added with a default that is not a constant; the table "
+                    "is read again by an incremental snapshot so its existing rows land their values",
+                    table=str(table), columns=columns)
+        self._incr.request(table, None)
+        return None
 
     def _check_incremental(self, what: str) -> None:
         """Incremental snapshots on MySQL fence their low watermark with GTIDs (cdcd/sources/mysql/chunks.py)."""
