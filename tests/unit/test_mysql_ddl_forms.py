@@ -70,6 +70,7 @@ def test_several_clauses_options_and_guards() -> None:
                     "COMMENT 'tbl', RENAME INDEX ix TO iy, FORCE") == [
         ("id", "int", 1), ("a", "varchar(20)", 2), ("b", "int", 3)]
     assert apply_alter(BASE, _actions("ALTER TABLE t DROP COLUMN nope"), 4) is None  # the next table map decides
+    assert apply_alter(BASE, _actions("ALTER TABLE t MODIFY a CHAR(10) BINARY"), 4) is None
 
 
 def test_quoted_identifiers_and_comments() -> None:

@@ -5,8 +5,8 @@ logs no row events), so no change event carries the value: the DDL does. A const
 NULL column without one, the type's implicit default: 0, '', the first ENUM label) is converted here to
 the landed value, the Python value of the column's Arrow type that the stream would give the same value
 (``types.py``'s converters). A default that is not a constant (``CURRENT_TIMESTAMP``, an expression,
-AUTO_INCREMENT, a generated column) gives each row its own value: no fill, and ``unknown_reason`` says
-why (docs/mysql.md, "Schema changes": the operator re-reads the table with ``cdcd snapshot``).
+AUTO_INCREMENT, a generated column) gives each row its own value: no fill, and ``column_fill`` says why
+(the source then reads the table again: ``source.py``, docs/mysql.md, "Schema changes").
 """
 
 from __future__ import annotations
