@@ -53,6 +53,7 @@ from cdcd.sources.mysql.queries import (
     quote_ident,
     select_expr,
 )
+from cdcd.sources.mysql.schema import with_ids
 from cdcd.sources.mysql.server import MySqlServer
 from cdcd.sources.mysql.snapshot import _ChunkReader
 from cdcd.sources.mysql.stream import MySqlStream
@@ -115,8 +116,9 @@ class MyChunkReader:
         if not pk:
             raise SourceFatal(f"incremental snapshot of {job.table}: the table has no primary key, so it cannot be "
                               "read in key order while it streams")
-        # The stream's schema of the table when it has one (its history), else the catalog's.
-        schema = src.history.latest(job.table) or loaded
+        # The stream's schema of the table when it has one (its history), else the catalog's, with the column ids
+        # the stream's first table map will give it (1..n in column order).
+        schema = src.history.latest(job.table) or with_ids(loaded, None, src.history.next_id(job.table))
         names = schema.column_names
         convs = [snapshot_converter(c.source_type) for c in schema.columns]
         select = f"SELECT {', '.join(select_expr(c) for c in schema.columns)} FROM " \

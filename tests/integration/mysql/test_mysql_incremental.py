@@ -329,6 +329,10 @@ async def test_a_table_added_to_source_tables_is_snapshotted_while_streaming(
     assert state["incremental"][f"{maria_db}.t"]["status"] == "done"
     assert not [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "a"], "a removed table streamed"
     assert replay(got) == await source_rows(maria_server, maria_db)
+    # the chunks' rows (no schema history yet) carry the column ids the stream's table map gives the table
+    t_events = [i for i in got if isinstance(i, ChangeEvent) and i.table.name == "t"]
+    assert {e.snapshot for e in t_events} == {True, False}
+    assert {tuple(c.id for c in e.schema.columns) for e in t_events} == {(1, 2, 3)}
 
 
 async def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
