@@ -43,6 +43,7 @@ from cdcd.positions import PgPosition
 from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import escaped_literal, quote_ident, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, last_row_fields
+from cdcd.sources.postgres.shape import TableShape
 from cdcd.sources.postgres.tables import PgTables
 from cdcd.sources.postgres.types import key_text
 
@@ -92,8 +93,9 @@ def _range(tables: PgTables, job: SnapshotJob, until: list[Any] | None) -> list[
     return conds
 
 
-def chunk_query(tables: PgTables, job: SnapshotJob, limit: int) -> str:
-    info, shape = tables.infos[job.table], tables.shapes[job.table]
+def chunk_query(tables: PgTables, job: SnapshotJob, limit: int, shape: TableShape) -> str:
+    """The chunk's rows, with the columns of ``shape`` (the one the chunk's rows are converted with)."""
+    info = tables.infos[job.table]
     cols = ", ".join(quote_ident(k) for k in info.key)
     conds = _range(tables, job, None)
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
@@ -101,10 +103,11 @@ def chunk_query(tables: PgTables, job: SnapshotJob, limit: int) -> str:
     return f"SELECT {select} FROM {quote_table(info.table)}{where} ORDER BY {cols} LIMIT {limit}"
 
 
-def reread_query(tables: PgTables, job: SnapshotJob, keys: list[list[Any]], until: list[Any] | None) -> str:
+def reread_query(tables: PgTables, job: SnapshotJob, keys: list[list[Any]], until: list[Any] | None,
+                 shape: TableShape) -> str:
     """The rows of ``keys`` outside the chunk's range (which ends at ``until``; None: the table's end): the
     chunk read them already, in the same snapshot."""
-    info, shape = tables.infos[job.table], tables.shapes[job.table]
+    info = tables.infos[job.table]
     cols = ", ".join(quote_ident(k) for k in info.key)
     listed = ", ".join(_key_row(tables, job, k) for k in keys)
     conds = [f"({cols}) IN ({listed})"]
@@ -187,12 +190,13 @@ class PgChunkReader:
         await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             snapshot = str(await conn.fetchval("SELECT pg_current_snapshot()::text"))
-            await conn.copy_from_query(chunk_query(self._t, job, limit), output=collect)
+            await conn.copy_from_query(chunk_query(self._t, job, limit, shape), output=collect)
             rows = sum(p.count(b"\n") for p in pieces)
             last_key = last_row_fields(pieces, key_fields) if rows else None
             if reread:  # same snapshot: the window rule holds for them as for the chunk's rows
                 until = last_key if rows >= limit else None
-                await conn.copy_from_query(reread_query(self._t, job, reread, until), output=collect_extra)
+                await conn.copy_from_query(reread_query(self._t, job, reread, until, shape),
+                                           output=collect_extra)
         finally:
             with contextlib.suppress(Exception):
                 await conn.execute("ROLLBACK")  # read only: nothing to keep

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdcd.events import Column
 from cdcd.sources.postgres.types import parse_array
-from cdcd.sources.postgres.wire.pgoutput import RelationColumn
+
+#: A column as the source knew it before a Relation message: (name, id or None, source type).
+Known = tuple[str, int | None, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,26 +69,25 @@ class Resolution:
     doubts: tuple[str, ...]
 
 
-def resolve(rel: Sequence[RelationColumn], attrs: Sequence[Attribute], old: Sequence[Column],
-            old_types: Sequence[tuple[int, int]]) -> Resolution:
-    """Match the Relation's columns with the catalog's ``attrs`` (read later than the Relation was written) given the
-    columns the source knew before (``old``, ids set, with their ``(type oid, typmod)`` in ``old_types``)."""
+def resolve(rel: Sequence[tuple[str, str]], attrs: Sequence[Attribute], old: Sequence[Known]) -> Resolution:
+    """Match the Relation's columns (name, source type) with the catalog's ``attrs`` (read later than the Relation
+    was written) given the columns the source knew before (``old``)."""
     live = {a.name: a for a in attrs if a.live}
     by_num = {a.attnum: a for a in attrs}
-    old_ids = {c.id: (c, t) for c, t in zip(old, old_types, strict=True) if c.id is not None}
-    old_by_name = {c.name: c.id for c in old if c.id is not None}
+    old_ids = {num: kind for _, num, kind in old if num is not None}
+    old_by_name = {name: num for name, num, _ in old if num is not None}
     doubts: list[str] = []
-    ids: list[int | None] = [live[c.name].attnum if c.name in live else None for c in rel]
-    for i, c in enumerate(rel):
+    ids: list[int | None] = [live[name].attnum if name in live else None for name, _ in rel]
+    for i, (name, _) in enumerate(rel):
         if ids[i] is not None:
             continue
         # The column the source knew under this name, renamed since this Relation (still live under another name)
         # or dropped since (a DROP within the stream's lag): its attnum is the name's.
-        o = old_by_name.get(c.name)
+        o = old_by_name.get(name)
         if o is not None and o in by_num and not by_num[o].generated and o not in ids:
             ids[i] = o
         else:
-            doubts.append(f"column {c.name!r} is not in the catalog any more (renamed or dropped since)")
+            doubts.append(f"column {name!r} is not in the catalog any more (renamed or dropped since)")
     known = [n for n in ids if n is not None]
     if any(a >= b for a, b in itertools.pairwise(known)):
         doubts.append("the catalog orders the columns otherwise (renamed again since)")
@@ -99,7 +99,7 @@ def resolve(rel: Sequence[RelationColumn], attrs: Sequence[Attribute], old: Sequ
                           "since)")
     top = max(old_ids, default=0)
     new = tuple(n is None or n not in old_ids for n in ids)
-    for i, (c, num) in enumerate(zip(rel, ids, strict=True)):
+    for i, ((name, kind), num) in enumerate(zip(rel, ids, strict=True)):
         if not new[i] or num is None:
             continue
         # A column new to the source may instead be one dropped since: the name added again after this Relation.
@@ -108,8 +108,8 @@ def resolve(rel: Sequence[RelationColumn], attrs: Sequence[Attribute], old: Sequ
             a = by_num.get(d)
             if a is None or not a.dropped or d in ids or (d < top and d not in old_ids):
                 continue  # not a column, or dropped before the source knew the table
-            if d > top or old_ids[d][1] == (c.type_oid, c.typmod):
-                doubts.append(f"column {c.name!r} (attnum {num}) may be attnum {d}, dropped since: the same "
+            if d > top or old_ids[d] == kind:
+                doubts.append(f"column {name!r} (attnum {num}) may be attnum {d}, dropped since: the same "
                               "name added again after it")
                 break
     return Resolution(tuple(ids), new, tuple(doubts))

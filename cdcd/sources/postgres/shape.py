@@ -26,7 +26,6 @@ class TableShape:
     schema: TableSchema
     types: tuple[ColumnType, ...]
     identity: tuple[bool, ...]  # column is part of the replica identity (pgoutput 'K' tuples)
-    type_keys: tuple[tuple[int, int], ...] = ()  # each column's (type OID, typmod), as pgoutput and the catalog say
 
     @property
     def table(self) -> TableId:
@@ -67,7 +66,7 @@ def shape_from_info(info: TableInfo, registry: TypeRegistry, version: int = 0) -
     schema = _schema(info.table, names, types, info.key, [c.not_null for c in info.columns], version,
                      [c.attnum for c in info.columns], [None] * len(names))
     identity = tuple(c.name in info.identity_key or info.replica_identity == "f" for c in info.columns)
-    return TableShape(schema, types, identity, tuple((c.type_oid, c.typmod) for c in info.columns))
+    return TableShape(schema, types, identity)
 
 
 def shape_from_relation(rel: Relation, info: TableInfo | None, registry: TypeRegistry, version: int,
@@ -92,12 +91,16 @@ def shape_from_relation(rel: Relation, info: TableInfo | None, registry: TypeReg
     none = [None] * len(names)
     schema = _schema(table, names, types, key, not_null, version, none if ids is None else ids,
                      none if fills is None else fills)
-    return TableShape(schema, types, tuple(c.key for c in rel.columns),
-                      tuple((c.type_oid, c.typmod) for c in rel.columns))
+    return TableShape(schema, types, tuple(c.key for c in rel.columns))
 
 
 def same_columns(a: TableSchema, b: TableSchema) -> bool:
     return a.columns == b.columns and a.key == b.key
+
+
+def known_columns(schema: TableSchema) -> tuple[tuple[str, int | None, str], ...]:
+    """What the column matching (``columns.py``) and the checkpoint (``state.py``, ``"columns"``) keep of a schema."""
+    return tuple((c.name, c.id, c.source_type) for c in schema.columns)
 
 
 #: pgoutput's text of infinite dates and timestamps; landed as the type's largest/smallest value.

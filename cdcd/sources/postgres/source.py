@@ -100,6 +100,10 @@ class PostgresSource(Source):
             await self._t.load(absent_ok)
             self._start_mark, self._announce, self._reader = None, [], None
             await self._plan(resume)
+            # resuming the stream: its first Relation of each table is matched with what the last batches landed
+            self._t.landed = {} if self._start_mark is not None else {
+                TableId.parse(name): cols for name, cols in state.columns.items()}
+            self._t.replayed_below = resume.position.lsn if isinstance(resume.position, PgPosition) else 0
         except asyncpg.InsufficientPrivilegeError as exc:
             await self.close()
             raise SourceFatal(f"{self._params.where}: {exc}; run `cdcd check` for the privileges cdcd needs") from exc

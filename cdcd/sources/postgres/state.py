@@ -11,7 +11,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "tables": ["public.t"],           # the captured tables (a restart snapshots the ones source.tables gained)
      "oids": {"public.t": 16384},      # each captured table's relation OID: a restart compares it with the catalog
      "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental/state.py)
-     "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."}}  # until a re-snapshot ends
+     "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."},  # until a re-snapshot ends
+     "columns": {"public.t": [["id", 1, "int4"], ...]}}  # each table's columns as last landed: name, id, type
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
 the runtime confirmed durable: never beyond the checkpoint.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
-from cdcd.events import ChangeBlock, ChangeEvent, Item, MarkKind, Op, RowBlock, event_count
+from cdcd.events import ChangeBlock, ChangeEvent, Item, MarkKind, Op, RowBlock, TableSchema, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
 
@@ -51,6 +52,8 @@ class PgState:
     system: dict[str, Any] | None = None
     stale: Mapping[str, str] = field(default_factory=dict)  # replaced tables -> why (tables_needing_snapshot)
     oids: Mapping[str, int] = field(default_factory=dict)  # captured table -> its relation OID (none: an old state)
+    #: captured table -> its columns as the committed batches last landed them: (name, id, source type)
+    columns: Mapping[str, tuple[tuple[str, int | None, str], ...]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> PgState:
@@ -63,7 +66,8 @@ class PgState:
         flush = parse_lsn(doc["flush_lsn"]) if doc.get("flush_lsn") else watermark
         return cls(False, doc.get("slot"), watermark, flush, str(snap.get("status") or "none"), tables,
                    doc.get("system"), dict(doc.get("tables_needing_snapshot") or {}),
-                   {name: int(oid) for name, oid in (doc.get("oids") or {}).items()})
+                   {name: int(oid) for name, oid in (doc.get("oids") or {}).items()},
+                   {name: tuple((c[0], c[1], c[2]) for c in cols) for name, cols in (doc.get("columns") or {}).items()})
 
 
 def fresh_state(slot: str | None, watermark: int, snapshot: bool,
@@ -86,7 +90,12 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     tables: dict[str, dict[str, Any]] = {k: dict(v) for k, v in (snap.get("tables") or {}).items()}
     last: dict[str, ChangeEvent | RowBlock] = {}
     counts: dict[str, int] = {}
+    schemas: dict[str, TableSchema] = {}  # each table's last landed schema in ``items``
+    schema: TableSchema | None = None
     for item in items:
+        if isinstance(item, ChangeBlock | ChangeEvent | RowBlock) and item.schema is not schema:
+            schema = item.schema
+            schemas[str(schema.table)] = schema
         if isinstance(item, ChangeBlock):  # streamed rows: their progress is the COMMIT mark's
             continue
         if isinstance(item, ChangeEvent | RowBlock):
@@ -120,11 +129,26 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             if item.detail.get("tables") is not None:
                 new["tables"] = list(item.detail["tables"])
             _fold_oids(new, item.detail)
-            snap, tables, last, counts = dict(new["snapshot"]), {}, {}, {}
+            snap, tables, last, counts, schemas = dict(new["snapshot"]), {}, {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables
     new["snapshot"] = snap
+    _fold_columns(new, schemas)
     return new
+
+
+def _fold_columns(state: dict[str, Any], schemas: Mapping[str, TableSchema]) -> None:
+    """The columns of each table's last landed schema (a start compares its first Relation message with them,
+    ``tables.py``), for the tables still captured."""
+    cols = {**(state.get("columns") or {}),
+            **{name: [[c.name, c.id, c.source_type] for c in s.columns] for name, s in schemas.items()}}
+    captured = state.get("tables")
+    if captured is not None:
+        cols = {t: c for t, c in cols.items() if t in captured}
+    if cols:
+        state["columns"] = cols
+    else:
+        state.pop("columns", None)
 
 
 def _fold_oids(state: dict[str, Any], detail: Mapping[str, Any]) -> None:

@@ -190,7 +190,7 @@ class PgStream:
                     msg = decode(data)
                     if isinstance(msg, pgoutput.Relation):
                         relations.add(msg)
-                        dec = decoders[msg.oid] = await self._relation(msg)
+                        dec = decoders[msg.oid] = await self._relation(msg, at.commit_lsn if at.in_tx else None)
                         builders[msg.oid] = None if dec is None else BlockBuilder(dec.shape, self._tables.warnings)
                     else:
                         self._message(msg, at, decoders)
@@ -306,10 +306,10 @@ class PgStream:
             before = dec.key_row(msg.old)
         return ChangeEvent(Op.DELETE, schema, pos, before, None, xid, commit_ts)
 
-    async def _relation(self, rel: pgoutput.Relation) -> RowDecoder | None:
+    async def _relation(self, rel: pgoutput.Relation, commit_lsn: int | None = None) -> RowDecoder | None:
         if TableId(rel.namespace, rel.name) not in self._table_set:
             return None
-        return await self._tables.decoder(rel)
+        return await self._tables.decoder(rel, commit_lsn)
 
     async def _heartbeats(self) -> None:
         while True:

@@ -20,6 +20,7 @@ from cdcd.sources.postgres.shape import (
     RowDecoder,
     TableShape,
     Warnings,
+    known_columns,
     same_columns,
     shape_from_info,
     shape_from_relation,
@@ -45,6 +46,12 @@ class PgTables:
     #: Queues an incremental re-snapshot of a table (the source's ``cdcd snapshot``): called with the table and why
     #: when the stream alone cannot make its mirror right (a schema change the catalog cannot tell, a rewrite).
     resnapshot: Callable[[TableId, str], None] | None = None
+    #: Each table's columns as the checkpoint's batches landed them (``state.py``, ``"columns"``), set at connect
+    #: and taken by the table's first Relation message.
+    landed: dict[TableId, tuple[columns.Known, ...]] = field(default_factory=dict)
+    #: The commit LSN of the checkpoint's position at connect: transactions committed before are sent again by the
+    #: slot and skipped (their Relation messages update the shapes but call for no repair).
+    replayed_below: int = 0
 
     async def load(self, absent_ok: frozenset[TableId] = frozenset()) -> list[TableId]:
         """Catalog facts, types and shapes of every table (``sql`` must be open). A table of ``absent_ok`` (one the
@@ -76,7 +83,7 @@ class PgTables:
         return self.sql
 
 
-    async def decoder(self, rel: pgoutput.Relation) -> RowDecoder:
+    async def decoder(self, rel: pgoutput.Relation, commit_lsn: int | None = None) -> RowDecoder:
         """The decoder of a captured table's rows from its Relation message: its shape, a new schema version when
         its columns changed (key and dimensions then read again from the catalog). Every Relation is matched with
         the catalog's attributes (``columns.py``): a column dropped and added again under its name and type
@@ -88,14 +95,22 @@ class PgTables:
         old = self.shapes.get(table)
         info = self.infos.get(table)
         attrs = await columns.read_attributes(await self.ensure_sql(), rel.oid)
-        before = old.schema.columns if old else ()
-        res = columns.resolve(rel.columns, attrs, before, old.type_keys if old else ())
+        # The first Relation since a connect is matched with what the checkpoint's batches landed (the shape
+        # read from the catalog at connect may already hold changes made since, which nothing landed yet). A
+        # Relation of a transaction the checkpoint holds already (the slot sends it again after a start) is no
+        # news: its rows are skipped, so it calls for no repair and leaves the landed columns for the next one.
+        replayed = commit_lsn is not None and commit_lsn < self.replayed_below
+        landed = None if replayed else self.landed.pop(table, None)
+        before = landed if landed is not None else known_columns(old.schema) if old else ()
+        named = [(c.name, c.source_type) for c in shape_from_relation(rel, info, self.registry, 0).schema.columns]
+        res = columns.resolve(named, attrs, before)
         ids = res.ids
         if not attrs:  # the table is gone (the heartbeat's check flags it): the names the source knew keep their ids
-            known = {c.name: c.id for c in before}
-            ids = tuple(known.get(c.name) for c in rel.columns)
+            by_name = {name: num for name, num, _ in before}
+            ids = tuple(by_name.get(c.name) for c in rel.columns)
         shape = shape_from_relation(rel, info, self.registry, old.schema.version if old else 0, ids)
-        if old is not None and not same_columns(old.schema, shape.schema):
+        if old is not None and (not same_columns(old.schema, shape.schema)
+                                or (landed is not None and known_columns(shape.schema) != landed)):
             # The schema changed: refresh key and dimensions from the catalog, bump the version.
             with contextlib.suppress(SourceError, OSError):
                 self.infos[table] = info = await catalog.table_info(await self.ensure_sql(), table)
@@ -105,7 +120,7 @@ class PgTables:
                 shape = shape_from_relation(rel, info, self.registry, shape.schema.version, ids, fills)
             log.info("table schema changed", table=str(table), version=shape.schema.version,
                      columns=list(shape.schema.column_names), ids=list(ids))
-            if attrs:
+            if attrs and not replayed:
                 self._repair(table, res.doubts, rewritten)
         self.shapes[table] = shape
         warn_unknown(shape, self.warnings)

@@ -14,7 +14,7 @@ from typing import Any
 from pg_helpers import Driver, marks
 
 from cdcd.config import Config
-from cdcd.events import ChangeEvent, Item, MarkKind
+from cdcd.events import ChangeEvent, Fill, Item, MarkKind
 from cdcd.landing.reader import read_batches
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
@@ -116,3 +116,39 @@ async def test_what_the_stream_cannot_land_right_is_re_snapshotted(
     assert versions[1] == [("id", 1, None), ("label", 2, None), ("c", 3, 5)]
     assert versions[2] == [("id", 1, None), ("title", 2, None), ("c", 3, None)]
     assert [c[:2] for c in versions[max(versions)]] == [("id", 1), ("title", 2), ("c", 3), ("r", 4), ("z", 6)]
+
+
+async def test_changes_made_while_cdcd_was_stopped_are_told_by_what_the_checkpoint_landed(
+        make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+    sql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a'), (2, 'b'); "
+        "CREATE TABLE u (id int PRIMARY KEY)")
+    cfg = make_config(["public.t", "public.u"])
+    async with Driver(cfg) as d:
+        await d.until_mark(MarkKind.SNAPSHOT_DONE)
+        # The last transaction is another table's: the slot sends it again at the start, not one of t's (whose
+        # Relation message would show t's columns before the ALTER).
+        sql("INSERT INTO t VALUES (3, 'c')")
+        sql("INSERT INTO u VALUES (1)")
+        await d.events(2)
+        await d.until_mark(MarkKind.COMMIT)  # u's: the checkpoint's flush position is its commit
+        await d.commit()
+        position, state = d.position, d.state
+    assert state["columns"]["public.t"] == [["id", 1, "int4"], ["v", 2, "text"]]
+    # Stopped: a column with a constant default, then a change. The catalog read at the next start already
+    # has the column; the checkpoint says the mirror does not.
+    sql("ALTER TABLE t ADD COLUMN c text DEFAULT 'k'; INSERT INTO t (id) VALUES (4)")
+    async with Driver(cfg, position, state) as d:
+        [ev] = await d.events(1)
+        sql("INSERT INTO u VALUES (2)")
+        await d.events(1)
+        await d.until_mark(MarkKind.COMMIT)
+        await d.commit()
+        position, state = d.position, d.state
+    assert [(c.name, c.id, c.fill) for c in ev.schema.columns] == [("id", 1, None), ("v", 2, None),
+                                                                   ("c", 3, Fill("k"))]
+    # Stopped again: a volatile default. The start re-snapshots the table.
+    sql("ALTER TABLE t ADD COLUMN r float8 DEFAULT random(); INSERT INTO t (id) VALUES (5)")
+    async with Driver(cfg, position, state) as d:
+        items = await d.until_mark(MarkKind.INCREMENTAL_DONE)
+    snap = {e.after["id"]: e.after["r"] for e in items if isinstance(e, ChangeEvent) and e.snapshot and e.after}
+    assert snap == {int(i): float(r) for i, r in (x.split("|") for x in sql("SELECT id, r FROM t").splitlines())}
