@@ -69,6 +69,13 @@ def test_the_same_name_added_again_is_a_new_column_unless_its_type_is_the_same()
     assert same.doubts and "may be attnum 2" in same.doubts[0]  # dropped and added again after the Relation?
 
 
+def test_a_column_the_source_saw_dropped_is_no_candidate() -> None:
+    # 'label' (2) left in an earlier Relation; now a text column is added: it cannot be the dropped one.
+    now = attrs((1, "id", INT), (2, None, 0), (3, "note", TEXT))
+    assert resolve(rel(("id", INT), ("note", TEXT)), now, known(("id", 1, INT)), top=2).doubts == ()
+    assert resolve(rel(("id", INT), ("note", TEXT)), now, known(("id", 1, INT)), top=1).doubts != ()
+
+
 def test_a_column_added_and_dropped_since_may_be_the_relations_new_one() -> None:
     got = resolve(rel(("id", INT), ("label", TEXT), ("z", TEXT)),
                   attrs((1, "id", INT), (2, "label", TEXT), (3, None, 0), (4, "z", TEXT)), OLD)

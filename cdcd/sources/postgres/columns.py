@@ -69,9 +69,11 @@ class Resolution:
     doubts: tuple[str, ...]
 
 
-def resolve(rel: Sequence[tuple[str, str]], attrs: Sequence[Attribute], old: Sequence[Known]) -> Resolution:
+def resolve(rel: Sequence[tuple[str, str]], attrs: Sequence[Attribute], old: Sequence[Known],
+            top: int = 0) -> Resolution:
     """Match the Relation's columns (name, source type) with the catalog's ``attrs`` (read later than the Relation
-    was written) given the columns the source knew before (``old``)."""
+    was written) given the columns the source knew before (``old``) and the largest attnum it ever saw (``top``:
+    a dropped column at or below it that ``old`` does not have was dropped while the source knew it, or before)."""
     live = {a.name: a for a in attrs if a.live}
     by_num = {a.attnum: a for a in attrs}
     old_ids = {num: kind for _, num, kind in old if num is not None}
@@ -97,7 +99,7 @@ def resolve(rel: Sequence[tuple[str, str]], attrs: Sequence[Attribute], old: Seq
         if skipped:
             doubts.append(f"the catalog's column(s) {', '.join(map(repr, skipped))} are missing from it (renamed "
                           "since)")
-    top = max(old_ids, default=0)
+    top = max(top, max(old_ids, default=0))
     new = tuple(n is None or n not in old_ids for n in ids)
     for i, ((name, kind), num) in enumerate(zip(rel, ids, strict=True)):
         if not new[i] or num is None:
@@ -106,7 +108,7 @@ def resolve(rel: Sequence[tuple[str, str]], attrs: Sequence[Attribute], old: Seq
         low = max((n for n in ids[:i] if n is not None), default=0)
         for d in range(low + 1, num):
             a = by_num.get(d)
-            if a is None or not a.dropped or d in ids or (d < top and d not in old_ids):
+            if a is None or not a.dropped or d in ids or (d <= top and d not in old_ids):
                 continue  # not a column, or dropped before the source knew the table
             if d > top or old_ids[d] == kind:
                 doubts.append(f"column {name!r} (attnum {num}) may be attnum {d}, dropped since: the same "

@@ -104,6 +104,9 @@ class PostgresSource(Source):
             self._t.landed = {} if self._start_mark is not None else {
                 TableId.parse(name): cols for name, cols in state.columns.items()}
             self._t.replayed_below = resume.position.lsn if isinstance(resume.position, PgPosition) else 0
+            for name, top in state.column_tops.items():
+                t = TableId.parse(name)
+                self._t.tops[t] = max(self._t.tops.get(t, 0), top)
         except asyncpg.InsufficientPrivilegeError as exc:
             await self.close()
             raise SourceFatal(f"{self._params.where}: {exc}; run `cdcd check` for the privileges cdcd needs") from exc

@@ -12,7 +12,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "oids": {"public.t": 16384},      # each captured table's relation OID: a restart compares it with the catalog
      "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental/state.py)
      "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."},  # until a re-snapshot ends
-     "columns": {"public.t": [["id", 1, "int4"], ...]}}  # each table's columns as last landed: name, id, type
+     "columns": {"public.t": [["id", 1, "int4"], ...]},  # each table's columns as last landed: name, id, type
+     "column_tops": {"public.t": 4}}   # each table's largest column id ever landed
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
 the runtime confirmed durable: never beyond the checkpoint.
@@ -54,6 +55,7 @@ class PgState:
     oids: Mapping[str, int] = field(default_factory=dict)  # captured table -> its relation OID (none: an old state)
     #: captured table -> its columns as the committed batches last landed them: (name, id, source type)
     columns: Mapping[str, tuple[tuple[str, int | None, str], ...]] = field(default_factory=dict)
+    column_tops: Mapping[str, int] = field(default_factory=dict)  # captured table -> its largest column id landed
 
     @classmethod
     def parse(cls, doc: Mapping[str, Any]) -> PgState:
@@ -67,7 +69,8 @@ class PgState:
         return cls(False, doc.get("slot"), watermark, flush, str(snap.get("status") or "none"), tables,
                    doc.get("system"), dict(doc.get("tables_needing_snapshot") or {}),
                    {name: int(oid) for name, oid in (doc.get("oids") or {}).items()},
-                   {name: tuple((c[0], c[1], c[2]) for c in cols) for name, cols in (doc.get("columns") or {}).items()})
+                   {name: tuple((c[0], c[1], c[2]) for c in cols) for name, cols in (doc.get("columns") or {}).items()},
+                   {name: int(top) for name, top in (doc.get("column_tops") or {}).items()})
 
 
 def fresh_state(slot: str | None, watermark: int, snapshot: bool,
@@ -91,11 +94,14 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
     last: dict[str, ChangeEvent | RowBlock] = {}
     counts: dict[str, int] = {}
     schemas: dict[str, TableSchema] = {}  # each table's last landed schema in ``items``
+    tops: dict[str, int] = {}  # each table's largest column id in ``items``
     schema: TableSchema | None = None
     for item in items:
         if isinstance(item, ChangeBlock | ChangeEvent | RowBlock) and item.schema is not schema:
             schema = item.schema
-            schemas[str(schema.table)] = schema
+            name = str(schema.table)
+            schemas[name] = schema
+            tops[name] = max([tops.get(name, 0), *(c.id for c in schema.columns if c.id is not None)])
         if isinstance(item, ChangeBlock):  # streamed rows: their progress is the COMMIT mark's
             continue
         if isinstance(item, ChangeEvent | RowBlock):
@@ -129,26 +135,29 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             if item.detail.get("tables") is not None:
                 new["tables"] = list(item.detail["tables"])
             _fold_oids(new, item.detail)
-            snap, tables, last, counts, schemas = dict(new["snapshot"]), {}, {}, {}, {}
+            snap, tables, last, counts, schemas, tops = dict(new["snapshot"]), {}, {}, {}, {}, {}
     _flush_rows(tables, last, counts)
     snap["tables"] = tables
     new["snapshot"] = snap
-    _fold_columns(new, schemas)
+    _fold_columns(new, schemas, tops)
     return new
 
 
-def _fold_columns(state: dict[str, Any], schemas: Mapping[str, TableSchema]) -> None:
+def _fold_columns(state: dict[str, Any], schemas: Mapping[str, TableSchema], seen: Mapping[str, int]) -> None:
     """The columns of each table's last landed schema (a start compares its first Relation message with them,
-    ``tables.py``), for the tables still captured."""
+    ``tables.py``) and its largest column id landed (``seen``: those of ``items``), for the tables still captured."""
     cols = {**(state.get("columns") or {}),
             **{name: [[c.name, c.id, c.source_type] for c in s.columns] for name, s in schemas.items()}}
+    tops = dict(state.get("column_tops") or {})
+    for name, top in seen.items():
+        tops[name] = max(tops.get(name, 0), top)
     captured = state.get("tables")
-    if captured is not None:
-        cols = {t: c for t, c in cols.items() if t in captured}
-    if cols:
-        state["columns"] = cols
-    else:
-        state.pop("columns", None)
+    for key, value in (("columns", cols), ("column_tops", tops)):
+        kept = {t: v for t, v in value.items() if captured is None or t in captured}
+        if kept:
+            state[key] = kept
+        else:
+            state.pop(key, None)
 
 
 def _fold_oids(state: dict[str, Any], detail: Mapping[str, Any]) -> None:

@@ -52,6 +52,9 @@ class PgTables:
     #: The commit LSN of the checkpoint's position at connect: transactions committed before are sent again by the
     #: slot and skipped (their Relation messages update the shapes but call for no repair).
     replayed_below: int = 0
+    #: Each table's largest column id the source ever saw (the checkpoint keeps it, ``state.py``): a dropped column
+    #: above it is one the source never knew, which a Relation's new column may be (``columns.resolve``).
+    tops: dict[TableId, int] = field(default_factory=dict)
 
     async def load(self, absent_ok: frozenset[TableId] = frozenset()) -> list[TableId]:
         """Catalog facts, types and shapes of every table (``sql`` must be open). A table of ``absent_ok`` (one the
@@ -70,6 +73,7 @@ class PgTables:
         await catalog.load_types(self.sql, self.registry, oids)
         for t, info in self.infos.items():
             self.shapes[t] = shape_from_info(info, self.registry)
+            self.tops.setdefault(t, max((c.attnum or 0 for c in info.columns), default=0))
             warn_unknown(self.shapes[t], self.warnings)
         return absent
 
@@ -103,7 +107,9 @@ class PgTables:
         landed = None if replayed else self.landed.pop(table, None)
         before = landed if landed is not None else known_columns(old.schema) if old else ()
         named = [(c.name, c.source_type) for c in shape_from_relation(rel, info, self.registry, 0).schema.columns]
-        res = columns.resolve(named, attrs, before)
+        top = self.tops.get(table, 0)
+        res = columns.resolve(named, attrs, before, top)
+        self.tops[table] = max([top, *(n for n in res.ids if n is not None)])
         ids = res.ids
         if not attrs:  # the table is gone (the heartbeat's check flags it): the names the source knew keep their ids
             by_name = {name: num for name, num, _ in before}

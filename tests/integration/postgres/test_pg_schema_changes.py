@@ -59,6 +59,11 @@ async def test_alters_under_a_running_stream_land_column_ids_and_fills(
         items += await d.events(1)
         sql("ALTER TABLE t ALTER COLUMN qty TYPE bigint; INSERT INTO t (id, qty) VALUES (5, 5000000000)")
         items += await d.events(1)
+        # The last column dropped, then (in a later Relation) one of the same type added: the source saw the drop.
+        sql("ALTER TABLE t DROP COLUMN extra; UPDATE t SET qty = 2 WHERE id = 2")
+        items += await d.events(1)
+        sql("ALTER TABLE t ADD COLUMN more int; INSERT INTO t (id, more) VALUES (6, 60)")
+        items += await d.events(1)
     assert not marks(items, MarkKind.INCREMENTAL_START)  # the catalog could tell every time: no re-snapshot
     await land(tmp_path, items)
     versions, rows = landed(tmp_path)
@@ -73,15 +78,17 @@ async def test_alters_under_a_running_stream_land_column_ids_and_fills(
         2: renamed + unfilled,  # a rename keeps the id
         3: [("id", 1, None), ("title", 2, None), ("qty", 3, None), *unfilled, ("extra", 11, None)],
         4: [("id", 1, None), ("title", 2, None), ("qty", 3, None), *unfilled, ("extra", 11, None)],
+        5: [("id", 1, None), ("title", 2, None), ("qty", 3, None), *unfilled],
+        6: [("id", 1, None), ("title", 2, None), ("qty", 3, None), *unfilled, ("more", 12, None)],
     }
     kinds = {f.schema.version: {c.name: c.arrow_type for c in f.schema.columns}
              for b in read_batches(tmp_path) for f in b.files}
     assert kinds[3]["qty"] == "int32" and kinds[4]["qty"] == "int64" and kinds[3]["extra"] == "int32"
     streamed = [{k: v for k, v in r.items() if not k.startswith("_cdc_")} for r in rows if r["_cdc_op"] in ("c", "u")]
     quoted = 'new, "quoted"'
-    assert [(r["id"], r.get("title", r.get("label")), r["qty"], r["s"], r["extra"]) for r in streamed] == [
+    assert [(r["id"], r.get("title", r.get("label")), r["qty"], r["s"], r.get("extra")) for r in streamed] == [
         (3, "three", None, quoted, None), (1, "one", 10, quoted, "x"), (4, None, None, quoted, 40),
-        (5, None, 5000000000, quoted, None)]
+        (5, None, 5000000000, quoted, None), (2, "two", 2, quoted, None), (6, None, None, quoted, None)]
 
 
 async def test_what_the_stream_cannot_land_right_is_re_snapshotted(
@@ -134,6 +141,7 @@ async def test_changes_made_while_cdcd_was_stopped_are_told_by_what_the_checkpoi
         await d.commit()
         position, state = d.position, d.state
     assert state["columns"]["public.t"] == [["id", 1, "int4"], ["v", 2, "text"]]
+    assert state["column_tops"] == {"public.t": 2, "public.u": 1}
     # Stopped: a column with a constant default, then a change. The catalog read at the next start already
     # has the column; the checkpoint says the mirror does not.
     sql("ALTER TABLE t ADD COLUMN c text DEFAULT 'k'; INSERT INTO t (id) VALUES (4)")
