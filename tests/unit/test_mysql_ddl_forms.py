@@ -15,7 +15,8 @@ import pytest
 from cdcd.events import Column, Fill, Mark, MarkKind, TableId, TableSchema
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.alter import apply_alter
-from cdcd.sources.mysql.ddl import MODE_ANSI_QUOTES, MODE_NO_BACKSLASH_ESCAPES, Action, Default, parse_ddl
+from cdcd.sources.mysql.ddl import MODE_ANSI_QUOTES, MODE_NO_BACKSLASH_ESCAPES, Action, parse_ddl
+from cdcd.sources.mysql.ddllex import Default
 from cdcd.sources.mysql.defaults import column_fill
 from cdcd.sources.mysql.schema import MAX_VERSIONS_KEPT, SchemaHistory, schema_from_json, schema_to_json
 from cdcd.sources.mysql.state import fold_state

@@ -1,36 +1,22 @@
 """DDL statements from the binlog's Query events, as far as they change captured tables.
 
 ``parse_ddl`` reads what a statement does (``ALTER TABLE ... ADD/DROP/MODIFY/CHANGE/RENAME COLUMN``,
-``RENAME TABLE``, ``TRUNCATE``, ``DROP``, ``CREATE``) with a small tokenizer that knows the server's lexical
-rules: quoted identifiers (doubled quotes), strings (escapes, doubled quotes, charset introducers), comments
-(``/* */``, ``-- ``, ``#``; versioned ``/*!50100 ... */`` and ``/*M!100100 ... */`` are executed, so read).
-``alter.py`` gives the table schema after an ALTER's column actions; the schema history (``schema.py``)
-records the result.
+``RENAME TABLE``, ``TRUNCATE``, ``DROP``, ``CREATE``) from the tokens of ``ddllex.py`` (the server's lexical
+rules: quoted names, strings, comments, versioned comments) and DEFAULT literals. ``alter.py`` gives the table
+schema after an ALTER's column actions; the schema history (``schema.py``) records the result.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from cdcd.events import TableId
+from cdcd.sources.mysql.ddllex import Default, is_name, literal, tokens, unquote
 from cdcd.sources.mysql.types import normalize_source_type
 
 #: sql_mode bits of a Query event's status variables that change how the statement is read
 MODE_ANSI_QUOTES = 1 << 2
 MODE_NO_BACKSLASH_ESCAPES = 1 << 20
-
-
-@dataclass(frozen=True)
-class Default:
-    """A column definition's DEFAULT: ``kind`` is ``string`` (``text``: the value, escapes resolved), ``number``
-    (its literal text), ``bits`` (``b'0101'``: the value in ``data``), ``hex`` (``0x..``/``x'..'``: ``data``),
-    ``bool``, ``null``, or ``expression`` (not a constant: ``CURRENT_TIMESTAMP``, ``(a + 1)``; ``text`` is its
-    source text)."""
-
-    kind: str
-    text: str = ""
-    data: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -76,121 +62,6 @@ _TYPE_STOP = {"not", "null", "default", "auto_increment", "comment", "primary", 
               "invisible", "visible", "stored", "virtual", "persistent", "without", "with", "constraint",
               "serial", "column_format", "storage", "compressed", "engine_attribute", "secondary_engine_attribute",
               "srid", "ref_system_id", "encrypted", "encryption_key_id"}
-_VERSIONED = re.compile(r"/\*M?!\d*")
-_NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
-_WORD = re.compile(r"[0-9A-Za-z_$\u0080-\uffff]+")
-_ESCAPES = {"0": "\0", "b": "\b", "n": "\n", "r": "\r", "t": "\t", "Z": "\x1a"}
-
-
-class _Lexer:
-    """Tokens of a statement: names, quoted names and strings (with their quotes), numbers, punctuation."""
-
-    def __init__(self, sql: str, ansi_quotes: bool, backslash: bool) -> None:
-        self.s = sql
-        self.ansi_quotes = ansi_quotes
-        self.backslash = backslash
-
-    def tokens(self) -> list[str]:
-        s = self.s
-        out: list[str] = []
-        i = 0
-        n = len(s)
-        while i < n:
-            ch = s[i]
-            if ch.isspace():
-                i += 1
-            elif s.startswith("/*", i):
-                versioned = _VERSIONED.match(s, i)
-                if versioned is not None:  # executed by the server: its body is part of the statement
-                    i = versioned.end()
-                    continue
-                end = s.find("*/", i + 2)
-                i = n if end < 0 else end + 2
-            elif s.startswith("*/", i):  # the end of a versioned comment
-                i += 2
-            elif ch == "#" or (s.startswith("--", i) and (i + 2 == n or s[i + 2].isspace())):
-                end = s.find("\n", i)
-                i = n if end < 0 else end + 1
-            elif ch in "`\"'":
-                j = self._quoted_end(i)
-                out.append(s[i:j])
-                i = j
-            elif ch.isdigit() or (ch == "." and i + 1 < n and s[i + 1].isdigit()
-                                  and (i == 0 or s[i - 1].isspace() or s[i - 1] in "(,=+-")):  # not db.5t
-                m = _NUMBER.match(s, i)
-                w = _WORD.match(s, i)
-                # 1abc is a name; 1e5, 1.5 and 12 are numbers
-                if m is not None and (w is None or w.end() <= m.end()):
-                    out.append(m.group())
-                    i = m.end()
-                else:
-                    assert w is not None
-                    out.append(w.group())
-                    i = w.end()
-            elif _WORD.match(s, i):
-                w = _WORD.match(s, i)
-                assert w is not None
-                out.append(w.group())
-                i = w.end()
-            else:
-                out.append(ch)
-                i += 1
-        return out
-
-    def _quoted_end(self, i: int) -> int:
-        s = self.s
-        q = s[i]
-        escapes = self.backslash and (q == "'" or (q == '"' and not self.ansi_quotes))
-        j = i + 1
-        while j < len(s):
-            if escapes and s[j] == "\\":
-                j += 2
-                continue
-            if s[j] == q:
-                if j + 1 < len(s) and s[j + 1] == q:
-                    j += 2
-                    continue
-                return j + 1
-            j += 1
-        return len(s)
-
-
-def _tokens(sql: str, ansi_quotes: bool = False, backslash: bool = True) -> list[str]:
-    return _Lexer(sql, ansi_quotes, backslash).tokens()
-
-
-def _name(tok: str) -> str:
-    if tok[:1] == "`":
-        return tok[1:-1].replace("``", "`")
-    if tok[:1] == '"':
-        return tok[1:-1].replace('""', '"')
-    return tok
-
-
-def _is_name(tok: str) -> bool:
-    return bool(tok) and (tok[0] in "`\"" or bool(_WORD.match(tok)))
-
-
-def string_value(tok: str, backslash: bool = True) -> str:
-    """The value of a quoted string token: doubled quotes and (unless NO_BACKSLASH_ESCAPES) escapes resolved."""
-    q = tok[0]
-    body = tok[1:-1]
-    out: list[str] = []
-    i = 0
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\" and backslash and i + 1 < len(body):
-            nxt = body[i + 1]
-            out.append(_ESCAPES.get(nxt, nxt))  # \% and \_ keep their backslash only in LIKE patterns
-            i += 2
-        elif ch == q and i + 1 < len(body) and body[i + 1] == q:
-            out.append(q)
-            i += 2
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
 
 class _P:
     def __init__(self, toks: list[str], ansi_quotes: bool = False, backslash: bool = True) -> None:
@@ -217,10 +88,10 @@ class _P:
         return tok
 
     def table(self, default_db: str) -> TableId:
-        first = _name(self.take())
+        first = unquote(self.take())
         if self.peek() == ".":
             self.i += 1
-            return TableId(first, _name(self.take()))
+            return TableId(first, unquote(self.take()))
         return TableId(default_db, first)
 
     def balanced(self) -> list[str]:
@@ -241,71 +112,9 @@ class _P:
         return out
 
 
-def _is_string(tok: str, ansi_quotes: bool) -> bool:
-    return tok[:1] == "'" or (tok[:1] == '"' and not ansi_quotes)
-
-
-def _literal(toks: list[str], ansi_quotes: bool, backslash: bool) -> tuple[Default, int]:
-    """The DEFAULT value starting at ``toks[0]`` and how many tokens it takes."""
-    first = toks[0] if toks else ""
-    low = first.lower()
-    nxt = toks[1] if len(toks) > 1 else ""
-    if first == "(":  # an expression default (MySQL 8.0.13+, MariaDB 10.2+): a constant when it is one literal
-        depth, end = 0, len(toks)
-        for j, tok in enumerate(toks):
-            depth += (tok == "(") - (tok == ")")
-            if depth == 0:
-                end = j
-                break
-        inner = toks[1:end]
-        if inner:
-            d, used = _literal(inner, ansi_quotes, backslash)
-            if d.kind != "expression" and used == len(inner):
-                return d, end + 1
-        return Default("expression", " ".join(inner)), end + 1
-    if low == "null":
-        return Default("null"), 1
-    if low in ("true", "false"):
-        return Default("bool", "1" if low == "true" else "0"), 1
-    if low in ("b", "x") and nxt[:1] == "'":  # b'0101', X'0A'
-        return _binary_literal(low, nxt[1:-1]), 2
-    if low.startswith("0x") and len(low) > 2:
-        return _binary_literal("x", first[2:]), 1
-    if low.startswith("0b") and len(low) > 2 and set(low[2:]) <= {"0", "1"}:
-        return _binary_literal("b", first[2:]), 1
-    if (low == "n" or low.startswith("_")) and _is_string(nxt, ansi_quotes):  # N'..', _utf8mb4'..'
-        d, used = _literal(toks[1:], ansi_quotes, backslash)
-        return d, used + 1
-    if _is_string(first, ansi_quotes):
-        parts, used = [], 0
-        while used < len(toks) and _is_string(toks[used], ansi_quotes):  # 'a' 'b' is 'ab'
-            parts.append(string_value(toks[used], backslash))
-            used += 1
-        return Default("string", "".join(parts)), used
-    if first in ("-", "+") and _NUMBER.fullmatch(nxt):
-        return Default("number", (first if first == "-" else "") + nxt), 2
-    if _NUMBER.fullmatch(first):
-        return Default("number", first), 1
-    # a function or a name (CURRENT_TIMESTAMP, NOW(), UUID(), NEXTVAL(s)...): up to the next attribute
-    j = 1
-    depth = 0
-    while j < len(toks) and (depth or toks[j] == "(" or toks[j] == ")"):
-        depth += (toks[j] == "(") - (toks[j] == ")")
-        j += 1
-    return Default("expression", " ".join(toks[:j])), j
-
-
-def _binary_literal(kind: str, digits: str) -> Default:
-    if kind == "x":
-        text = digits if len(digits) % 2 == 0 else "0" + digits
-        return Default("hex", data=bytes.fromhex(text))
-    value = int(digits, 2) if digits else 0
-    return Default("bits", data=value.to_bytes(max(1, (len(digits) + 7) // 8), "big"))
-
-
 def _column_def(toks: list[str], ansi_quotes: bool = False, backslash: bool = True) -> ColumnDef:
     """``name type [attributes]``."""
-    name = _name(toks[0])
+    name = unquote(toks[0])
     type_toks: list[str] = []
     i = 1
     depth = 0
@@ -335,13 +144,13 @@ def _column_def(toks: list[str], ansi_quotes: bool = False, backslash: bool = Tr
             nullable = False
             k += 1
         elif low == "default":
-            default, used = _literal(toks[k + 1:], ansi_quotes, backslash)
+            default, used = literal(toks[k + 1:], ansi_quotes, backslash)
             k += 1 + used
         elif low == "first":
             placement = "first"
             k += 1
         elif low == "after" and k + 1 < len(toks):
-            placement = "after:" + _name(toks[k + 1])
+            placement = "after:" + unquote(toks[k + 1])
             k += 2
         elif low in ("generated", "as"):
             generated = True
@@ -401,7 +210,7 @@ def _alter_actions(p: _P) -> list[Action]:
                 continue
             p.kw("column")
             guarded = p.kw("if", "exists")
-            acts.append(Action("drop", _name(p.take()), if_exists=guarded))
+            acts.append(Action("drop", unquote(p.take()), if_exists=guarded))
             p.balanced()  # RESTRICT / CASCADE
         elif p.kw("modify"):
             p.kw("column")
@@ -411,13 +220,13 @@ def _alter_actions(p: _P) -> list[Action]:
         elif p.kw("change"):
             p.kw("column")
             guarded = p.kw("if", "exists")
-            old = _name(p.take())
+            old = unquote(p.take())
             acts.append(Action("modify", old, coldef(), if_exists=guarded))
         elif p.kw("rename", "column"):
             guarded = p.kw("if", "exists")
-            old = _name(p.take())
+            old = unquote(p.take())
             p.kw("to")
-            acts.append(Action("rename_column", old, new_name=_name(p.take()), if_exists=guarded))
+            acts.append(Action("rename_column", old, new_name=unquote(p.take()), if_exists=guarded))
             p.balanced()
         elif p.kw("rename"):
             if p.peek().lower() in ("index", "key"):
@@ -433,10 +242,10 @@ def _alter_actions(p: _P) -> list[Action]:
 
 
 def _qualified(p: _P) -> TableId:
-    first = _name(p.take())
+    first = unquote(p.take())
     if p.peek() == ".":
         p.i += 1
-        return TableId(first, _name(p.take()))
+        return TableId(first, unquote(p.take()))
     return TableId("", first)
 
 
@@ -445,7 +254,7 @@ def parse_ddl(sql: str, default_db: str, sql_mode: int = 0) -> list[Ddl]:
     event's) says whether ``"`` quotes names (ANSI_QUOTES) and whether backslashes escape (NO_BACKSLASH_ESCAPES)."""
     ansi = bool(sql_mode & MODE_ANSI_QUOTES)
     backslash = not sql_mode & MODE_NO_BACKSLASH_ESCAPES
-    p = _P(_tokens(sql, ansi, backslash), ansi, backslash)
+    p = _P(tokens(sql, ansi, backslash), ansi, backslash)
     if p.kw("truncate"):
         p.kw("table")
         return [Ddl("truncate", p.table(default_db))]
@@ -487,7 +296,7 @@ def parse_ddl(sql: str, default_db: str, sql_mode: int = 0) -> list[Ddl]:
             return []
         p.kw("if", "exists")
         out = []
-        while p.i < len(p.t) and _is_name(p.peek()):
+        while p.i < len(p.t) and is_name(p.peek()):
             out.append(Ddl("drop", p.table(default_db)))
             if not (p.peek() == "," and p.take()):
                 break

@@ -23,7 +23,8 @@ from typing import Any
 import pyarrow as pa
 
 from cdcd.events import Fill
-from cdcd.sources.mysql.ddl import ColumnDef, Default
+from cdcd.sources.mysql.ddl import ColumnDef
+from cdcd.sources.mysql.ddllex import Default
 from cdcd.sources.mysql.types import (
     MAX_DECIMAL_PRECISION,
     arrow_type,
