@@ -98,9 +98,11 @@ class MySqlSource(Source):
         self._incr.last = self._stream.last_position
         self._incr.replaced = self._judge_mark
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
+        self._resumed_at: MySqlPosition | None = None  # the checkpoint's position: marks up to it are not new
 
     # ------------------------------------------------------------ connect
     async def connect(self, resume: ResumePoint) -> None:
+        self._resumed_at = resume.position if isinstance(resume.position, MySqlPosition) else None
         try:
             plan = await self._connect(resume)
         except Exception as exc:
@@ -303,6 +305,9 @@ class MySqlSource(Source):
         unknown = mark.detail.get("unknown") if mark.kind is MarkKind.SCHEMA else None
         if not unknown:
             return replaced_by(mark)
+        at = mark.position
+        if isinstance(at, MySqlPosition) and self._resumed_at is not None and at <= self._resumed_at:
+            return None  # re-sent after a restart: the re-read it asked for is in the checkpoint already
         table = TableId.parse(str(mark.detail["table"]))
         columns = ", ".join(str(name) for name, _ in unknown)
         schema = self.server.history.latest(table)
