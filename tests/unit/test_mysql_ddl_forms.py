@@ -110,6 +110,13 @@ def test_rename_change_modify_and_placement_keep_ids() -> None:
         ("id", "int", 1), ("a2", "varchar(20)", 2), ("b", "int", 3), ("a", "text", 4)]
     altered = apply_alter(BASE, _actions("ALTER TABLE t RENAME COLUMN id TO pk"), 4)
     assert altered is not None and altered.schema.key == ("pk",)
+    # the clauses name the columns as they were before the statement: two renames swap, two CHANGEs too
+    assert _columns("ALTER TABLE t RENAME COLUMN a TO b, RENAME COLUMN b TO a") == [
+        ("id", "int", 1), ("b", "varchar(20)", 2), ("a", "int", 3)]
+    assert _columns("ALTER TABLE t CHANGE a b varchar(20), CHANGE b a int, ADD c INT AFTER b") == [
+        ("id", "int", 1), ("b", "varchar(20)", 2), ("c", "int", 4), ("a", "int", 3)]
+    altered = apply_alter(BASE, _actions("ALTER TABLE t RENAME COLUMN id TO b, RENAME COLUMN b TO id"), 4)
+    assert altered is not None and altered.schema.key == ("b",)
 
 
 @pytest.mark.parametrize(("literal", "expected"), [

@@ -29,35 +29,50 @@ class _Cannot(Exception):
     """A clause names a column the schema does not have: the next table map defines the new shape."""
 
 
+@dataclass
+class _Slot:
+    """A column while the clauses apply: the name it had before the statement (None: added by it) and whether it
+    is a key column."""
+
+    before: str | None
+    column: Column
+    key: bool = False
+
+
 def apply_alter(schema: TableSchema, actions: tuple[Action, ...], next_id: int,
                 flavor: str = "mariadb") -> Altered | None:
     """The schema after the column clauses; None when a clause cannot be applied to it. ``flavor``: the server's
-    (``mariadb`` or ``mysql``), which decides how some defaults read (``defaults.column_fill``)."""
-    cols = [replace(c, fill=None) for c in schema.columns]
-    key = list(schema.key)
+    (``mariadb`` or ``mysql``), which decides how some defaults read (``defaults.column_fill``).
+
+    DROP, MODIFY, CHANGE and RENAME COLUMN name the table's columns as they were before the statement (``RENAME
+    COLUMN a TO b, RENAME COLUMN b TO a`` swaps two columns); AFTER names them as they are after the clauses
+    before it."""
+    keyed = {k.lower() for k in schema.key}
+    cols = [_Slot(c.name, replace(c, fill=None), c.name.lower() in keyed) for c in schema.columns]
     unknown: list[tuple[str, str]] = []
 
-    def find(name: str) -> int | None:
-        for i, c in enumerate(cols):
-            if c.name.lower() == name.lower():
+    def find(name: str, current: bool = False) -> int | None:
+        for i, s in enumerate(cols):
+            have = s.column.name if current else s.before
+            if have is not None and have.lower() == name.lower():
                 return i
         return None
 
-    def index(name: str) -> int:
-        i = find(name)
+    def index(name: str, current: bool = False) -> int:
+        i = find(name, current)
         if i is None:
             raise _Cannot(name)
         return i
 
-    def place(col: Column, where: str, at: int | None = None) -> None:
+    def place(slot: _Slot, where: str, at: int | None = None) -> None:
         if where == "first":
-            cols.insert(0, col)
+            cols.insert(0, slot)
         elif where.startswith("after:"):
-            cols.insert(index(where[6:]) + 1, col)
+            cols.insert(index(where[6:], current=True) + 1, slot)
         elif at is not None:
-            cols.insert(at, col)
+            cols.insert(at, slot)
         else:
-            cols.append(col)
+            cols.append(slot)
 
     def column(d: ColumnDef, cid: int | None) -> Column:
         return Column(d.name, arrow_type(d.source_type), d.source_type, d.nullable, cid)
@@ -65,35 +80,25 @@ def apply_alter(schema: TableSchema, actions: tuple[Action, ...], next_id: int,
     try:
         for a in actions:
             if a.kind == "add" and a.column is not None:
-                if a.if_exists and find(a.column.name) is not None:
+                if a.if_exists and find(a.column.name, current=True) is not None:
                     continue  # ADD COLUMN IF NOT EXISTS of a column the table has: nothing happens
                 fill, why = column_fill(a.column, flavor)
-                place(replace(column(a.column, next_id), fill=fill), a.column.placement)
+                place(_Slot(None, replace(column(a.column, next_id), fill=fill)), a.column.placement)
                 next_id += 1
                 if why:
                     unknown.append((a.column.name, why))
+            elif a.if_exists and find(a.name) is None:
+                continue  # DROP / MODIFY / CHANGE / RENAME COLUMN IF EXISTS of a column the table does not have
             elif a.kind == "drop":
-                if a.if_exists and find(a.name) is None:
-                    continue
-                dropped = cols.pop(index(a.name))
-                key = [k for k in key if k != dropped.name]
+                cols.pop(index(a.name))
             elif a.kind == "modify" and a.column is not None:
-                if a.if_exists and find(a.name) is None:
-                    continue
                 i = index(a.name)
                 old = cols.pop(i)
-                new = column(a.column, old.id)
-                place(new, a.column.placement, at=i)
-                key = [new.name if k == old.name else k for k in key]
+                place(_Slot(old.before, column(a.column, old.column.id), old.key), a.column.placement, at=i)
             elif a.kind == "rename_column":
-                if a.if_exists and find(a.name) is None:
-                    continue
-                i = index(a.name)
-                old = cols[i]
-                cols[i] = replace(old, name=a.new_name)
-                key = [a.new_name if k == old.name else k for k in key]
+                slot = cols[index(a.name)]
+                slot.column = replace(slot.column, name=a.new_name)
     except (_Cannot, ValueError):
         return None
-    names = [c.name for c in cols]
-    key = [k for k in names if k in key]  # key in column order, as the table map gives it
-    return Altered(TableSchema(schema.table, tuple(cols), tuple(key), schema.version), tuple(unknown))
+    key = tuple(s.column.name for s in cols if s.key)  # key in column order, as the table map gives it
+    return Altered(TableSchema(schema.table, tuple(s.column for s in cols), key, schema.version), tuple(unknown))

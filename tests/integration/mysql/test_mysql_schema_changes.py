@@ -153,21 +153,22 @@ async def test_the_binlog_text_of_each_lexical_form_is_read(make_config: Callabl
         sql("SET SESSION sql_mode = 'NO_BACKSLASH_ESCAPES'",
             "ALTER TABLE lx ADD COLUMN nb VARCHAR(5) DEFAULT 'a\\'")
         sql("SET SESSION sql_mode = 'ANSI_QUOTES'",
-            'ALTER TABLE "lx" ADD COLUMN "dq col" VARCHAR(5) DEFAULT \'dq\'',
+            'ALTER TABLE "lx" ADD COLUMN "dq col" VARCHAR(5) DEFAULT \'dq\'')
+        sql("ALTER TABLE lx RENAME COLUMN v1 TO nb, RENAME COLUMN nb TO v1",  # a swap: names before the statement
             "INSERT INTO lx (id, `renamed a`) VALUES (2, 2)")
         items += await d.take(_has_row(2))
         await _land(tmp_path, 1, items)
     versions, rows = _landed(tmp_path)
     last = versions[rows[2]["_v"]]
     assert _columns(last) == [("id", 1, "int"), ("renamed a", 2, "int"), ("a b", 3, "bigint"),
-                              ("q`t", 4, "varchar(8)"), ("v1", 5, "int"), ("nb", 6, "varchar(5)"),
+                              ("q`t", 4, "varchar(8)"), ("nb", 5, "int"), ("v1", 6, "varchar(5)"),
                               ("dq col", 7, "varchar(5)")]
     # versions without rows land no file: their fills are in the schema marks
     fills = {c.name: c.fill.value for m in items if isinstance(m, Mark) and m.kind is MarkKind.SCHEMA
              for c in schema_from_json(TableId("x", "lx"), m.detail["schema"]).columns if c.fill is not None}
     assert fills == {"a b": 3, "q`t": "x'y#", "v1": 1, "nb": "a\\", "dq col": "dq"}
     assert {k: v for k, v in rows[2].items() if k != "_v"} == {
-        "id": 2, "renamed a": 2, "a b": 3, "q`t": "x'y#", "v1": 1, "nb": "a\\", "dq col": "dq"}
+        "id": 2, "renamed a": 2, "a b": 3, "q`t": "x'y#", "nb": 1, "v1": "a\\", "dq col": "dq"}
 
 
 async def test_a_non_constant_default_has_the_table_read_again(make_config: Callable[..., Config],
