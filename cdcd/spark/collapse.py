@@ -24,6 +24,7 @@ from pyspark.sql.types import DataType, StructType
 from cdcd.landing.columns import CDC_BEFORE_KEY, CDC_OP, CDC_POS, CDC_UNAVAILABLE
 from cdcd.landing.reader import LandedFile
 from cdcd.spark.facts import RANGED, Facts, KeyRange, landed_facts, truncates_no_row
+from cdcd.spark.identity import Identity, identity, read_by_identity
 from cdcd.spark.lakehouse_sql import DELETE_FLAG, UNAVAILABLE
 from cdcd.spark.rule import (
     KIND,
@@ -32,7 +33,6 @@ from cdcd.spark.rule import (
     action_rows,
     existing_rows,
     latest_per_key,
-    read_events,
     resolve_moves,
 )
 
@@ -48,6 +48,7 @@ class Prepared:
     facts: Facts
     keep: list[str]  # columns whose value may be unknown in the source
     mirror: DataFrame  # one row per key: cols, MIRROR_META, _cdc_delete, _cdc_unavailable
+    ident: Identity | None = None  # the landed columns' identity (``cdcd.spark.identity``)
 
     @property
     def mirror_columns(self) -> list[str]:
@@ -61,9 +62,11 @@ def table_layout(files: list[LandedFile]) -> tuple[list[str], list[str]]:
     return cols, list(latest.key) or cols
 
 
-def new_events(spark: SparkSession, files: list[LandedFile], watermark: str) -> DataFrame:
-    """The landed rows; below the table's watermark they are applied already (re-delivered after a crash)."""
-    events = read_events(spark, files)
+def new_events(spark: SparkSession, files: list[LandedFile], watermark: str, fill: bool = False) -> DataFrame:
+    """The landed rows under the latest schema version's names (``identity.read_by_identity``; ``fill``: with the
+    fills of added columns, for the mirror); below the table's watermark they are applied already (re-delivered
+    after a crash)."""
+    events = read_by_identity(spark, files, fill)
     return events.filter(F.col(CDC_POS) >= F.lit(watermark)) if watermark else events
 
 
@@ -182,8 +185,12 @@ def prepare(spark: SparkSession, files: list[LandedFile], watermark: str, mirror
     if found is not None and found.key_range is not None and not isinstance(types[key[0]], RANGED):
         found.key_range = None  # a type Spark reads otherwise than Arrow suggests: no pruning literal for it
     found = found or spark_facts(events, key)
-    collapsed, keep = collapse(events, cols, key, types, found, mirror)
-    return Prepared(cols, key, types, events, found, keep, collapsed)
+    ident = identity(files)
+    versions = any(f.entry.table.columns != files[0].entry.table.columns for f in files)
+    filled = versions and any(c.fill is not None for c in ident.latest)
+    collapsed, keep = collapse(new_events(spark, files, watermark, True) if filled else events, cols, key, types,
+                               found, mirror)
+    return Prepared(cols, key, types, events, found, keep, collapsed, ident)
 
 
 def release(prepared: Prepared) -> None:

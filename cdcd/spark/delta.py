@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ByteType,
+    DataType,
     DateType,
     DecimalType,
     DoubleType,
@@ -44,6 +45,7 @@ from cdcd.spark.collapse import Prepared, conformed
 from cdcd.spark.lakehouse import CommitRecord, Lakehouse, Statements, in_key_ranges, register, timed_call
 from cdcd.spark.lakehouse_ddl import mirror_schema
 from cdcd.spark.strategy import Applied
+from cdcd.spark.widening import lossless
 
 DELTA_TXN = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")
 #: Types Delta keeps statistics for (``delta.dataSkippingStatsColumns`` refuses others).
@@ -52,6 +54,9 @@ _DELTA_STATS_TYPES = (ByteType, ShortType, IntegerType, LongType, FloatType, Dou
 #: Characters Delta refuses in a column name unless column mapping is on.
 _MAPPED_ONLY = re.compile(r"[ ,;{}()\n\t=]")
 _MAPPING = {"delta.columnMapping.mode": "name"}
+#: Type widening (Delta 4.x): ALTER COLUMN TYPE to a wider type keeps the data files (``Delta.widens_in_place``).
+_WIDENING = {"delta.enableTypeWidening": "true"}
+_INTS = ("tinyint", "smallint", "int", "bigint")
 
 
 def plain_names(schema: StructType) -> bool:
@@ -126,13 +131,14 @@ class Delta(Lakehouse):
     packages = jars.packages_line(jars.DELTA_PACKAGES)
     #: Delta can drop a column (the mirror follows the source's DROP COLUMN) only with column mapping. A small
     #: batch must not rewrite the data files of a large mirror: Delta marks changed rows in deletion vectors.
-    mirror_props = {"delta.columnMapping.mode": "name", "delta.enableDeletionVectors": "true"}
-    log_props = {}
+    mirror_props = {"delta.columnMapping.mode": "name", "delta.enableDeletionVectors": "true", **_WIDENING}
+    log_props = dict(_WIDENING)
     ddl_side_by_side = True
 
     def __init__(self, target: Path) -> None:
         super().__init__(target)
         self.versions: dict[Path, int] = {}  # a Delta log's last commit version seen (``files_after``)
+        self.plain: dict[tuple[Path, str], bool] = {}  # ``_own_names`` per (table, schema)
 
     def ref(self, kind: str, schema: str, table: str) -> str:
         return sql.delta_table(self.location(kind, schema, table).as_uri())
@@ -160,6 +166,25 @@ class Delta(Lakehouse):
         """A drop switches column mapping on again first (a no-op when on): a crash between the two statements of
         ``create`` must not leave a mirror that cannot drop a column."""
         return [sql.set_properties(table, _MAPPING)] if self._mapped(properties) else []
+
+    def widens_in_place(self, old: DataType, new: DataType) -> bool:
+        """Delta's type widening: integers to wider integers, to double (up to int) and to decimals with room;
+        float to double; a decimal's precision and scale up; a date to timestamp_ntz."""
+        if not lossless(old, new):
+            return False
+        o, n = old.simpleString(), new.simpleString()
+        if o in _INTS:
+            return n in _INTS or n == "double" or isinstance(new, DecimalType)
+        return ((o, n) == ("float", "double") or (isinstance(old, DecimalType) and isinstance(new, DecimalType))
+                or (o, n) == ("date", "timestamp_ntz"))
+
+    def before_widen(self, table: str) -> list[str]:
+        """Type widening switched on (a table created before it was; nothing changes when on)."""
+        return [sql.set_properties(table, _WIDENING)]
+
+    def before_rename(self, table: str) -> list[str]:
+        """Column mapping, which a rename or a drop needs (the change-log is created without it)."""
+        return [sql.set_properties(table, _MAPPING)]
 
     @staticmethod
     def _mapped(properties: dict[str, str]) -> bool:
@@ -226,7 +251,8 @@ class Delta(Lakehouse):
                          files: list[LandedFile], p: Prepared, log_schema: StructType, seq: int,
                          took: dict[str, float]) -> Future[None] | None:
         location = self.location("changelog", schema, table)
-        if one_version(files) and same_columns(p.events.schema, log_schema):
+        if (one_version(files) and same_columns(p.events.schema, log_schema)
+                and self._own_names(spark, location, log_schema)):
             # the landed files are the change-log's rows as they are: no Spark write (cdcd.spark.adopt)
             return pool.submit(timed_call, took, "changelog", adopt, spark, location, files, "cdcd-changelog", seq)
         return pool.submit(timed_call, took, "changelog", self.append, conformed(p.events, log_schema), location,
@@ -252,6 +278,15 @@ class Delta(Lakehouse):
             self.append(in_key_ranges(rows, p), location, CommitRecord("mirror", seq))
             return
         self.merge_mirror(spark, plan, seq, created)
+
+    def _own_names(self, spark: SparkSession, location: Path, schema: StructType) -> bool:
+        """Whether every column of the table is stored under its own name (none renamed or added under column
+        mapping, which a rename or drop switches on), read from its log once per schema."""
+        key = (location, schema.simpleString())
+        if key not in self.plain:
+            stored = json.loads(_delta_log(spark, location).metadata().schemaString())
+            self.plain[key] = _own_physical_names(stored)
+        return self.plain[key]
 
     def _new_keys_only(self, spark: SparkSession, schema: str, table: str, p: Prepared, plan: Statements,
                        have: StructType | None) -> bool:

@@ -16,7 +16,7 @@ from contextlib import closing
 from pathlib import Path
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import ByteType, DataType, ShortType
+from pyspark.sql.types import ByteType, DataType, DecimalType, ShortType
 
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
@@ -81,6 +81,14 @@ class Iceberg(Lakehouse):
     def stored_leaf(self, dt: DataType) -> str:
         """Iceberg keeps tinyint and smallint as int."""
         return "int" if isinstance(dt, ByteType | ShortType) else dt.simpleString()
+
+    def widens_in_place(self, old: DataType, new: DataType) -> bool:
+        """Iceberg's type promotions: int to long (tinyint and smallint are stored as int), float to double, a
+        decimal's precision up at the same scale."""
+        if isinstance(old, DecimalType) and isinstance(new, DecimalType):
+            return old.scale == new.scale and new.precision >= old.precision
+        o, n = self.stored_leaf(old), new.simpleString()
+        return (o, n) in {("int", "bigint"), ("float", "double")}
 
     # -- the commit record: snapshot summary properties
 

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,12 +31,17 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdcd.landing.reader import LandedFile
+from cdcd.spark import evolve
 from cdcd.spark import lakehouse_sql as sql
-from cdcd.spark.collapse import Prepared, conformed, prepare, release
-from cdcd.spark.lakehouse_ddl import changelog_schema, mirror_schema, schema_changes
+from cdcd.spark.collapse import Prepared, conformed, new_events, prepare, release
+from cdcd.spark.evolve import CHANGELOG, MIRROR, Target
+from cdcd.spark.held import Held
+from cdcd.spark.identity import Identity, Tag, identity, tagged
+from cdcd.spark.lakehouse_ddl import changelog_schema, mirror_schema
 from cdcd.spark.session import FORMAT_SETTINGS, session
 from cdcd.spark.state import TableState
 from cdcd.spark.strategy import Applied, Segment, applying
+from cdcd.spark.widening import lossless
 
 _FETCH = "run scripts/bootstrap.sh (it fetches the jars into .jars/) or set CDCD_SPARK_JARS to a directory holding them"
 FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
@@ -95,44 +100,31 @@ class Statements:
 
 
 def statements(p: Prepared, fmt: Lakehouse, schema: str, table: str, log_have: StructType | None,
-               mirror_have: StructType | None, sources: tuple[str, str], positions: tuple[str, str]) -> Statements:
-    """The SQL of one table's micro-batch given the tables' current schemas (None: not created yet)."""
+               mirror_have: StructType | None, sources: tuple[str, str], positions: tuple[str, str],
+               approve: Callable[[str, DataType], bool] | None = None) -> Statements:
+    """The SQL of one table's micro-batch given the tables' current schemas (None: not created yet); ``approve``:
+    whether the operator approved a rewrite of a mirror column to a type (``evolve.approved``)."""
     log, mirror = fmt.changelog(schema, table), fmt.mirror(schema, table)
-    log_want = changelog_schema(log_have, p.events.schema)
+    name = f"{schema}.{table}"
+    log_pre, log_now = (evolve.reconcile(fmt, Target(log, name, CHANGELOG), log_have, p.ident) if log_have is not None
+                        else ([], None))
+    log_want = changelog_schema(log_now, p.events.schema)
+    decide = approve or (lambda column, dt: False)
     r = p.facts.key_range
     prune = sql.key_range(r.column, p.types[r.column], r.lowest, r.highest, r.nulls) if r is not None else None
     return Statements(
         [sql.create_namespace(ns) for ns in fmt.namespaces(schema)],
-        fmt.ddl(log, log_have, log_want, fmt.changelog_properties(p), drop=False),
+        log_pre + fmt.ddl(Target(log, name, CHANGELOG), log_now, log_want, fmt.changelog_properties(p), p.ident,
+                          decide),
         sql.changelog_merge(log, sources[0], p.key, log_want.fieldNames(), *positions),
         sql.append(log, sources[0], log_want.fieldNames()),
-        fmt.ddl(mirror, mirror_have, mirror_schema(p), fmt.mirror_properties(p), drop=True),
+        fmt.ddl(Target(mirror, name, MIRROR), mirror_have, mirror_schema(p), fmt.mirror_properties(p), p.ident,
+                decide),
         sql.truncate_before(mirror, p.facts.truncate_pos) if p.facts.truncate_pos is not None else None,
         sql.mirror_merge(mirror, sources[1], p.key, p.mirror_columns, p.keep, prune),
         sql.mirror_insert(mirror, sources[1], p.mirror_columns),
         sql.holds_a_key(mirror, sources[1], p.key, prune),
     )
-
-
-@dataclass(slots=True)
-class Held:
-    """Per table and step, the highest batch seq the table's commits record: read from the table the first
-    time (``Lakehouse.applied_seq``, a Spark job over its log), then kept from this process's own commits. Exact
-    because one consumer applies to a target (``state.lock_target``); forgotten after a failed merge,
-    whose commits are not known."""
-
-    seqs: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (kind, "schema.table", step)
-
-    def seq(self, spark: SparkSession, fmt: Lakehouse, kind: str, schema: str, table: str, step: str) -> int:
-        key = (kind, f"{schema}.{table}", step)
-        if key not in self.seqs:
-            self.seqs[key] = fmt.applied_seq(spark, kind, schema, table, step)
-        return self.seqs[key]
-
-    def applied(self, kind: str, schema: str, table: str, step: str, seq: int) -> None:
-        """Record that the table's commits now record ``seq`` (or a later batch) for ``step``."""
-        key = (kind, f"{schema}.{table}", step)
-        self.seqs[key] = max(self.seqs.get(key, 0), seq)
 
 
 @contextmanager
@@ -182,11 +174,12 @@ def apply_lakehouse_table(spark: SparkSession, fmt: Lakehouse, schema: str, tabl
         views = (f"cdcd_log_{tag}", f"cdcd_src_{tag}")
         with timed(took, "ddl"):
             log_have = table_schema(spark, fmt, "changelog", schema, table)
-            plan = statements(p, fmt, schema, table, log_have, mirror_have, views, (lowest, last_pos))
+            plan = statements(p, fmt, schema, table, log_have, mirror_have, views, (lowest, last_pos),
+                              lambda c, dt: evolve.approved(spark, fmt.mirror(schema, table), c, dt))
             run_sql(spark, plan.namespaces)
 
             def changelog_side() -> tuple[int, StructType]:
-                run_sql(spark, plan.changelog_ddl)
+                evolve.run_ddl(spark, plan.changelog_ddl, f"{schema}.{table}")
                 # a table created by this merge holds no batch yet: no need to read its log for one
                 found = record.seq(spark, fmt, "changelog", schema, table, "changelog") if log_have is not None else 0
                 return found, (log_have if log_have is not None and not plan.changelog_ddl
@@ -196,7 +189,7 @@ def apply_lakehouse_table(spark: SparkSession, fmt: Lakehouse, schema: str, tabl
             # its own commits); Iceberg's catalog (SQLite by default) takes one statement at a time
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-changelog-ddl") as pool:
                 log_side = pool.submit(changelog_side) if fmt.ddl_side_by_side else None
-                run_sql(spark, plan.mirror_ddl)
+                evolve.run_ddl(spark, plan.mirror_ddl, f"{schema}.{table}")
                 mirror_held = (record.seq(spark, fmt, "tables", schema, table, "mirror")
                                if mirror_have is not None else 0)
                 log_held, log_schema = log_side.result() if log_side is not None else changelog_side()
@@ -365,18 +358,30 @@ class Lakehouse(ABC):
     def stored_leaf(self, dt: DataType) -> str:
         return dt.simpleString()
 
-    def ddl(self, table: str, have: StructType | None, want: StructType, properties: dict[str, str],
-            drop: bool) -> list[str]:
-        """CREATE TABLE for a new table, else the ALTER TABLEs of the schema change (none: same schema)."""
+    def ddl(self, t: Target, have: StructType | None, want: StructType, properties: dict[str, str],
+            ident: Identity | None, approve: Callable[[str, DataType], bool]) -> list[str]:
+        """CREATE TABLE for a new table (each column's id in its comment), else the statements of the schema
+        change (``cdcd.spark.evolve``; none: same schema). Raises ``evolve.SchemaChangeRefused`` for a mirror
+        column the change would lose values of."""
         if have is None:
-            return self.create(table, want, properties)
-        changes = schema_changes(have, want, self.stored_type, drop)
-        out = [sql.add_columns(table, changes.adds)] if changes.adds else []
-        out += [sql.change_type(table, p, t) for p, t in changes.retypes]
-        if changes.drops:
-            out += self.before_drop(table, properties)
-            out.append(sql.drop_columns(table, changes.drops))
-        return out
+            ids = {c.name: c.id for c in ident.latest} if ident is not None else {}
+            return self.create(t.table, StructType([tagged(f, Tag(ids.get(f.name))) for f in want.fields]),
+                               properties)
+        pre, now = evolve.reconcile(self, t, have, ident) if t.kind == MIRROR else ([], have)
+        return pre + evolve.changes(self, t, now, want, ident, approve, self.before_drop(t.table, properties))
+
+    def widens_in_place(self, old: DataType, new: DataType) -> bool:
+        """Whether ALTER COLUMN TYPE takes ``old`` to ``new`` (both a widening, ``lossless``)."""
+        return lossless(old, new) and (old.simpleString(), new.simpleString()) in {
+            ("int", "bigint"), ("float", "double")}
+
+    def before_widen(self, table: str) -> list[str]:
+        """The statements an ALTER COLUMN TYPE needs first."""
+        return []
+
+    def before_rename(self, table: str) -> list[str]:
+        """The statements a column rename or drop needs first (on either table)."""
+        return []
 
     def create(self, table: str, want: StructType, properties: dict[str, str]) -> list[str]:
         """The statements that create a new table."""
@@ -418,8 +423,13 @@ class Lakehouse(ABC):
     def apply(self, spark: SparkSession, segment: Segment, tables: dict[str, TableState]) -> Applied:
         # every statement is idempotent: a crash before the job's commit applies the batches again
         out = Applied()
+        landed = sorted(segment.tables().items())
+        if len(landed) > 1:  # a type change a mirror refuses stops the merge before any table's statement
+            for (schema, table), files in landed:
+                if evolve.changed(files, tables.get(f"{schema}.{table}", TableState())):
+                    self.check_mirror(spark, schema, table, files)
         try:
-            for (schema, table), files in sorted(segment.tables().items()):
+            for (schema, table), files in landed:
                 name = f"{schema}.{table}"
                 out.timings[name] = {}
                 with applying(name):
@@ -432,6 +442,16 @@ class Lakehouse(ABC):
             raise
         self.apply_covered(spark, segment)  # completed re-snapshots, after the events
         return out
+
+    def check_mirror(self, spark: SparkSession, schema: str, table: str, files: list[LandedFile]) -> None:
+        """Raise ``evolve.SchemaChangeRefused`` when the files change a type the mirror cannot take."""
+        have = table_schema(spark, self, "tables", schema, table)
+        if have is not None:
+            events = new_events(spark, files, "")
+            want = StructType([events.schema[c] for c in files[-1].entry.table.column_names])
+            ref = self.mirror(schema, table)
+            self.ddl(Target(ref, f"{schema}.{table}", MIRROR), have, want, {}, identity(files),
+                     lambda c, dt: evolve.approved(spark, ref, c, dt))
 
     def apply_covered(self, spark: SparkSession, segment: Segment) -> None:
         """``DELETE FROM mirror WHERE _cdc_pos < below`` per covered table (``Segment.covered``).

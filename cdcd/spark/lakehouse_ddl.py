@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyspark.sql.types import DataType, DecimalType, StructField, StructType
+from pyspark.sql.types import DataType, StructField, StructType
 
 from cdcd.spark.collapse import Prepared
+from cdcd.spark.widening import holds, lossless
+
+__all__ = ["Changes", "changelog_schema", "holds", "lossless", "mirror_schema", "schema_changes"]
 
 
 @dataclass(slots=True)
@@ -16,19 +19,6 @@ class Changes:
     adds: list[tuple[list[str], DataType]] = field(default_factory=list)
     drops: list[list[str]] = field(default_factory=list)
     retypes: list[tuple[list[str], DataType]] = field(default_factory=list)
-
-
-_INT_RANK = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
-
-
-def holds(old: DataType, new: DataType) -> bool:
-    """Whether a column of type ``old`` stores every value of ``new`` exactly (a narrowed source column)."""
-    if isinstance(old, DecimalType) and isinstance(new, DecimalType):
-        return old.precision - old.scale >= new.precision - new.scale and old.scale >= new.scale
-    o, n = old.simpleString(), new.simpleString()
-    if o in _INT_RANK and n in _INT_RANK:
-        return _INT_RANK[o] >= _INT_RANK[n]
-    return (o, n) == ("double", "float")
 
 
 def schema_changes(have: StructType, want: StructType, stored_type: Callable[[DataType], str], drop: bool,

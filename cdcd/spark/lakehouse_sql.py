@@ -60,7 +60,9 @@ def create_namespace(namespace: str) -> str:
 
 def create_table(table: str, schema: StructType, using: str, properties: dict[str, str]) -> str:
     """Every column nullable: the change-log's truncate rows have null keys, and evolution adds nullable columns."""
-    cols = ", ".join(f"{q(f.name)} {sql_type(f.dataType)}" for f in schema.fields)
+    cols = ", ".join(f"{q(f.name)} {sql_type(f.dataType)}"
+                     + (f" COMMENT {literal(f.metadata['comment'])}" if f.metadata.get("comment") else "")
+                     for f in schema.fields)
     props = ", ".join(f"{literal(k)} = {literal(v)}" for k, v in sorted(properties.items()))
     tail = f" TBLPROPERTIES ({props})" if props else ""
     return f"CREATE TABLE IF NOT EXISTS {table} ({cols}) USING {using}{tail}"

@@ -27,6 +27,13 @@ from pyspark.sql.types import DataType
 
 from cdcd.landing.columns import CDC_BATCH, CDC_BEFORE_KEY, CDC_INDEX, CDC_OP, CDC_POS, CDC_SNAPSHOT, CDC_UNAVAILABLE
 from cdcd.landing.reader import LandedFile
+from cdcd.spark.identity import (
+    identity,
+    mirror_rows_by_identity,
+    older_rows_filled,
+    read_by_identity,
+    state_columns,
+)
 from cdcd.spark.rule import (
     KIND,
     MIRROR_META,
@@ -34,7 +41,6 @@ from cdcd.spark.rule import (
     action_rows,
     existing_rows,
     latest_per_key,
-    read_events,
     resolve_moves,
 )
 from cdcd.spark.state import TableState, TargetStore
@@ -184,12 +190,12 @@ def apply_table(spark: SparkSession, t: TableInput, default_buckets: int, below:
     which also measures what the mirror's plan needs (event count, truncate,
     touched buckets), and the mirror write.
     """
-    events = read_events(spark, t.files)
+    events = read_by_identity(spark, t.files, fill=False)  # under the latest names (docs/spark.md, Schema changes)
     if t.prev.watermark:
         events = events.filter(F.col(CDC_POS) >= F.lit(t.prev.watermark))
     # Not cached: the landed files are read twice (change-log, mirror), which costs less than caching them.
     types = {f.name: f.dataType for f in events.schema.fields}
-    columns = [[c, types[c].simpleString()] for c in t.cols]
+    columns = state_columns(t.cols, types, identity(t.files))
     last_pos = max(f.entry.last_position for f in t.files)
     state = TableState(max(t.prev.watermark, last_pos), t.run_id, columns, t.prev.buckets or default_buckets)
     result = TableResult(state)
@@ -254,7 +260,8 @@ def _plan_rewrite(t: TableInput, found: Measured, state: TableState) -> Rewrite:
     touched = set(found.touched)
     table_dir = t.table_dir
     existing = {int(d.name.split("=", 1)[1]) for d in table_dir.glob(f"{BUCKET}=*")} if table_dir.is_dir() else set()
-    schema_changed = bool(t.prev.columns) and t.prev.columns != state.columns
+    # (a column's id, the third item, is no change of the files: a state written before ids were kept has none)
+    schema_changed = bool(t.prev.columns) and [c[:2] for c in t.prev.columns] != [c[:2] for c in state.columns]
     rewrite_all = found.truncate_pos is not None or schema_changed or touched >= existing
     if rewrite_all:
         touched |= existing
@@ -276,12 +283,14 @@ def _mirror_rows(spark: SparkSession, t: TableInput, log: DataFrame, types: dict
                  plan: Rewrite) -> DataFrame:
     """The rewritten buckets' rows: the events and the buckets' existing rows, by the ordering rule."""
     cols, key = t.cols, t.key
-    actions = action_rows(log, cols, key, types, found.key_changes)
+    ident = identity(t.files)
+    actions = action_rows(older_rows_filled(log, t.files, ident, types), cols, key, types, found.key_changes)
     if found.truncate_pos is not None:
         actions = actions.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
     merged = actions
     if plan.dirs:
-        old = existing_rows(spark.read.option("basePath", str(t.table_dir)).parquet(*plan.dirs), cols, key, types)
+        held = spark.read.option("basePath", str(t.table_dir)).parquet(*plan.dirs)
+        old = existing_rows(mirror_rows_by_identity(held, t.prev.columns, ident, types), cols, key, types)
         if found.truncate_pos is not None:
             old = old.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
         merged = actions.unionByName(old)

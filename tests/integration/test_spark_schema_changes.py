@@ -1,0 +1,171 @@
+"""Schema changes by column identity into Delta Lake, Iceberg and Parquet (docs/spark.md, "Schema changes").
+
+Batches landed by the real landing sink under four schema versions of one table whose columns carry their
+ids and fills (landing format 4), applied one batch at a time or in one merge, with the real jars and
+Spark: widenings in place (int -> bigint, a decimal's precision) and by a rewrite where the format cannot
+(a decimal's scale on Iceberg), a rename, a column added with a constant default, a column dropped and
+added again under its name with another type. Then a change that would lose values (text -> bigint):
+refused before anything of the merge is applied, then applied once the operator approves the rewrite
+(Delta and Iceberg; on Parquet the mirror only). Batch by batch, the consumer before the second batch is
+"killed" right after its ADD COLUMNS of the column with a fill: the rerun still fills the rows.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import structlog.testing
+from pyspark.sql import SparkSession
+from test_spark_consumer import TS, land, mirror, rows_of
+
+from cdcd.events import ChangeEvent, Column, Fill, Op, TableId, TableSchema
+from cdcd.positions import PgPosition
+from cdcd.verify.mirror import read_table
+
+pytestmark = pytest.mark.spark
+
+T = TableId("public", "items")
+OTHER = TableSchema(TableId("public", "other"), (Column("k", pa.int64(), "bigint", False, id=1),), ("k",))
+ID = Column("id", pa.int64(), "bigint", False, id=1)
+QTY = Column("qty", pa.int32(), "integer", id=2)
+AMOUNT = Column("amount", pa.decimal128(10, 2), "numeric(10,2)", id=3)
+PRICE = Column("price", pa.decimal128(8, 2), "numeric(8,2)", id=4)
+LABEL = Column("label", pa.string(), "text", id=5)
+EXTRA = Column("extra", pa.string(), "text", id=6)
+WIDE = (ID, Column("qty", pa.int64(), "bigint", id=2), Column("amount", pa.decimal128(14, 2), "numeric(14,2)", id=3),
+        Column("price", pa.decimal128(12, 4), "numeric(12,4)", id=4), Column("title", pa.string(), "text", id=5))
+FLAG = Column("flag", pa.string(), "text", id=7, fill=Fill("new"))
+V1 = TableSchema(T, (ID, QTY, AMOUNT, PRICE, LABEL, EXTRA), ("id",), version=1)
+V2 = TableSchema(T, (*WIDE, EXTRA, FLAG), ("id",), version=2)  # widened, label renamed title, flag added
+FLAG_LATER = Column("flag", pa.string(), "text", id=7)  # the fill is on the version that added it only
+V3 = TableSchema(T, (*WIDE, FLAG_LATER), ("id",), version=3)  # extra dropped
+V4 = TableSchema(T, (*WIDE, FLAG_LATER, Column("extra", pa.int64(), "bigint", id=8)), ("id",),
+                 version=4)  # extra added again: another column
+
+
+def ev(op: Op, lsn: int, seq: int, schema: TableSchema, **kw: object) -> ChangeEvent:
+    return ChangeEvent(op, schema, PgPosition(lsn, seq), tx_id=str(lsn), commit_ts=TS, **kw)  # type: ignore[arg-type]
+
+
+def v1(i: int, **over: object) -> dict[str, object]:
+    return {"id": i, "qty": i, "amount": Decimal(f"{i}.50"), "price": Decimal(f"{i}.25"), "label": f"l{i}",
+            "extra": f"x{i}", **over}
+
+
+def wide(i: int, **over: object) -> dict[str, object]:
+    return {"id": i, "qty": 2**40 + i, "amount": Decimal("123456789.12"), "price": Decimal("12345678.1234"),
+            "title": f"t{i}", **over}
+
+
+BATCHES = [
+    [ev(Op.READ, 100, 0, V1, after=v1(i), snapshot=True) for i in (1, 2, 3, 6)],
+    [ev(Op.UPDATE, 200, 1, V1, before={"id": 3}, after=v1(3, label="l3b")),  # before the ALTERs, same merge
+     ev(Op.UPDATE, 300, 1, V2, before={"id": 2}, after=wide(2, extra="x2b", flag="f2")),
+     ev(Op.CREATE, 300, 2, V2, after=wide(4, extra="x4", flag="f4"))],
+    [ev(Op.UPDATE, 400, 1, V3, before={"id": 6}, after={**wide(6), "qty": 6, "amount": Decimal("6.50"),
+                                                          "price": Decimal("6.25"), "title": "t6", "flag": "f6"})],
+    [ev(Op.CREATE, 500, 1, V4, after=wide(5, flag="f5", extra=55))],
+]
+EXPECTED = {  # id: (qty, amount, price, title, flag, extra)
+    1: (1, Decimal("1.50"), Decimal("1.2500"), "l1", "new", None),
+    2: (2**40 + 2, Decimal("123456789.12"), Decimal("12345678.1234"), "t2", "f2", None),
+    3: (3, Decimal("3.50"), Decimal("3.2500"), "l3b", "new", None),
+    4: (2**40 + 4, Decimal("123456789.12"), Decimal("12345678.1234"), "t4", "f4", None),
+    5: (2**40 + 5, Decimal("123456789.12"), Decimal("12345678.1234"), "t5", "f5", 55),
+    6: (6, Decimal("6.50"), Decimal("6.2500"), "t6", "f6", None),
+}
+COLUMNS = ("qty", "amount", "price", "title", "flag", "extra")
+
+
+def apply(landing: Path, target: Path, fmt: str) -> int:
+    from cdcd.spark.job import run
+
+    return run(str(landing), str(target), once=True, fmt=fmt)
+
+
+def killed_after_the_add(spark: SparkSession, landing: Path, target: Path, fmt: str, seq: int) -> None:
+    """The mirror as a consumer killed right after its ADD COLUMNS of batch ``seq`` leaves it: the statements the
+    consumer plans for the batch, run up to that one."""
+    from cdcd.landing.reader import read_manifest, table_files
+    from cdcd.spark.collapse import prepare, release
+    from cdcd.spark.formats import lakehouse_format
+    from cdcd.spark.lakehouse import statements, table_schema
+
+    names = lakehouse_format(fmt, target)
+    names.register(spark)
+    files = table_files(landing, [(seq, read_manifest(landing, seq))])[("public", "items")]
+    have = [table_schema(spark, names, kind, "public", "items") for kind in ("changelog", "tables")]
+    p = prepare(spark, files, "", spark.table(names.mirror("public", "items")))
+    plan = statements(p, names, "public", "items", have[0], have[1], ("v1", "v2"), ("", ""))
+    upto = next(i for i, s in enumerate(plan.mirror_ddl) if "ADD COLUMNS" in s)
+    for statement in plan.mirror_ddl[:upto + 1]:
+        spark.sql(statement)
+    release(p)
+    assert "fill_below" in str(spark.table(names.mirror("public", "items")).schema["flag"].metadata)
+
+
+def items(target: Path) -> dict[object, tuple[object, ...]]:
+    return {k: tuple(r[c] for c in COLUMNS) for k, r in mirror(target, "public.items").items()}
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
+@pytest.mark.parametrize("together", [False, True], ids=["batch-by-batch", "one-merge"])
+async def test_schema_changes_by_column_identity(
+    spark: SparkSession, tmp_path: Path, fmt: str, together: bool
+) -> None:
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    await land(landing, [BATCHES[0]], [1])
+    assert apply(landing, target, fmt) == 0  # the mirror exists, with rows, before the changes
+    for seq, batch in enumerate(BATCHES[1:], 2):
+        await land(landing, [batch], [seq])
+        if not together and seq == 2 and fmt != "parquet":
+            killed_after_the_add(spark, landing, target, fmt, seq)  # the rerun must still fill the rows
+        if not together:
+            assert apply(landing, target, fmt) == 0
+    assert apply(landing, target, fmt) == 0
+    assert items(target) == EXPECTED
+    kept = rows_of(target, "public.items")
+    assert "label" not in kept[0] and "_cdc_old_extra_6" not in kept[0]
+    assert isinstance(kept[0]["qty"], int)
+    if fmt == "parquet":  # its change-log keeps each merge's files as written (docs/spark.md); no refusal
+        return
+    log = sorted((r["id"], r["title"], r["_cdc_old_extra_6"], r["flag"], r["extra"])
+                 for r in rows_of(target, "public.items", "changelog"))
+    # every event keeps what was landed: a renamed column's older values under its new name, the dropped
+    # column's aside, no fill in events landed before their column existed
+    assert log == [(1, "l1", "x1", None, None), (2, "l2", "x2", None, None), (2, "t2", "x2b", "f2", None),
+                   (3, "l3", "x3", None, None), (3, "l3b", "x3", None, None), (4, "t4", "x4", "f4", None),
+                   (5, "t5", None, "f5", 55), (6, "l6", "x6", None, None), (6, "t6", None, "f6", None)]
+
+    # text -> bigint loses values: refused before anything of the merge (another table's row included)
+    v5 = TableSchema(T, (*WIDE[:4], Column("title", pa.int64(), "bigint", id=5), *V4.columns[5:]), ("id",),
+                     version=5)
+    await land(landing, [[ev(Op.CREATE, 600, 1, OTHER, after={"k": 1}),
+                          ev(Op.UPDATE, 600, 2, v5, before={"id": 4}, after={**wide(4, flag="f4"), "title": 44})]],
+               [6])
+    with structlog.testing.capture_logs() as logged:
+        assert apply(landing, target, fmt) == 1
+    said = [str(e) for e in logged if e["log_level"] == "error"]
+    assert len(said) == 1, said  # one error line (the trace only at debug)
+    assert "table public.items, column title: the source changed its type from string to bigint" in said[0]
+    assert "cdcd.rewrite.title" in said[0] and "cdcd snapshot public.items" in said[0]
+    assert "Traceback" not in said[0] and "org.apache" not in said[0]
+    assert read_table(target, "public.other") is None
+    assert apply(landing, target, fmt) == 1  # stuck the same way, nothing applied
+
+    from cdcd.spark.formats import lakehouse_format
+
+    names = lakehouse_format(fmt, target)
+    names.register(spark)
+    spark.sql(
+        f"ALTER TABLE {names.mirror('public', 'items')} SET TBLPROPERTIES ('cdcd.rewrite.title' = 'bigint')")
+    assert apply(landing, target, fmt) == 0  # the approved rewrite: titles that are no number become NULL
+    assert {k: r["title"] for k, r in mirror(target, "public.items").items()} == {
+        1: None, 2: None, 3: None, 4: 44, 5: None, 6: None}
+    log_of_4 = [(r["title"], r["_cdc_old_title_string"]) for r in rows_of(target, "public.items", "changelog")
+                if r["id"] == 4]
+    assert sorted(log_of_4, key=str) == sorted([(None, "t4"), (44, None)], key=str)
+    assert set(mirror(target, "public.other")) == {1}
