@@ -37,6 +37,7 @@ SPREAD = frozenset({
     "test_mysql_types_exact.py", "test_incremental_snapshot.py", "test_operator_snapshot.py",
     # the Spark integration files: their tests share the worker's session (tests/support/spark.py)
     "test_spark_formats.py", "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_covered.py",
+    "test_schema_changes.py",
     "test_spark_lakehouse.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_snapshot_generations.py",
 })
 #: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
@@ -44,7 +45,7 @@ SPREAD = frozenset({
 #: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
 SLOWEST_FIRST = (
     "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_kill.py",
-    "test_spark_stop.py",
+    "test_spark_stop.py", "test_schema_changes.py",
     "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_formats.py", "test_spark_covered.py",
     "test_incremental_snapshot.py", "test_spark_cds.py", "test_spark_types_large.py",
     "test_spark_mariadb.py", "test_landing_consumed.py", "test_snapshot_generations.py",
