@@ -40,7 +40,9 @@ def lossless(old: DataType, new: DataType) -> bool:
     """Whether every value of type ``old`` converts to ``new`` exactly (a widening): integers to wider integers, to
     decimals with enough digits and (up to int) to double; float to double; a decimal to one with as many integer
     digits and scale or more; a date to a timestamp; numbers, booleans, dates and timestamps to text."""
-    if holds(new, old):
+    plain = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DecimalType, BooleanType, DateType,
+             TimestampType, TimestampNTZType)
+    if holds(new, old) or (isinstance(new, StringType) and isinstance(old, plain)):
         return True
     o = old.simpleString()
     if o in _INT_RANK:
@@ -49,6 +51,4 @@ def lossless(old: DataType, new: DataType) -> bool:
         return isinstance(new, DoubleType) and _INT_RANK[o] <= _INT_RANK["int"]
     if isinstance(old, DateType):
         return isinstance(new, TimestampType | TimestampNTZType)
-    plain = (ByteType, ShortType, IntegerType, LongType, FloatType, DoubleType, DecimalType, BooleanType, DateType,
-             TimestampType, TimestampNTZType)
-    return isinstance(new, StringType) and isinstance(old, plain)
+    return False

@@ -169,3 +169,39 @@ async def test_schema_changes_by_column_identity(
                 if r["id"] == 4]
     assert sorted(log_of_4, key=str) == sorted([(None, "t4"), (44, None)], key=str)
     assert set(mirror(target, "public.other")) == {1}
+
+
+def test_which_type_changes_each_format_makes_in_place() -> None:
+    """The widenings each format makes with ALTER COLUMN TYPE, those rewritten, and those that lose values."""
+    from pyspark.sql.types import (
+        DateType,
+        DecimalType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StringType,
+        TimestampNTZType,
+    )
+
+    from cdcd.spark.formats import lakehouse_format
+    from cdcd.spark.widening import lossless
+
+    delta, iceberg = (lakehouse_format(f, Path("target")) for f in ("delta", "iceberg"))
+    changes = {  # (old, new): (lossless, Delta in place, Iceberg in place)
+        (IntegerType(), LongType()): (True, True, True),
+        (ShortType(), IntegerType()): (True, True, False),  # Iceberg stores both as int: no change at all
+        (FloatType(), DoubleType()): (True, True, True),
+        (DecimalType(10, 2), DecimalType(14, 2)): (True, True, True),
+        (DecimalType(10, 2), DecimalType(14, 4)): (True, True, False),
+        (IntegerType(), DecimalType(12, 2)): (True, True, False),
+        (DateType(), TimestampNTZType()): (True, True, False),
+        (IntegerType(), StringType()): (True, False, False),
+        (StringType(), LongType()): (False, False, False),
+        (DecimalType(14, 4), DecimalType(14, 2)): (False, False, False),
+        (LongType(), DoubleType()): (False, False, False),
+    }
+    for (old, new), want in changes.items():
+        assert (lossless(old, new), delta.widens_in_place(old, new), iceberg.widens_in_place(old, new)) == want, (
+            old, new)
