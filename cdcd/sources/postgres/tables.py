@@ -4,14 +4,13 @@ messages become row decoders here, with a new schema version when a table's colu
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import SourceError, SourceFatal, reason
 from cdcd.events import Fill, TableId
 from cdcd.sources.postgres import catalog, columns
 from cdcd.sources.postgres.catalog import TableInfo
@@ -118,8 +117,12 @@ class PgTables:
         if old is not None and (not same_columns(old.schema, shape.schema)
                                 or (landed is not None and known_columns(shape.schema) != landed)):
             # The schema changed: refresh key and dimensions from the catalog, bump the version.
-            with contextlib.suppress(SourceError, OSError):
+            try:
                 self.infos[table] = info = await catalog.table_info(await self.ensure_sql(), table)
+            except (SourceError, OSError) as exc:  # the stream goes on: the Relation holds every column
+                log.warning("reading the changed table's key from the catalog failed: its previous key is kept",
+                            table=str(table), error=reason(exc),
+                            fix="if the key changed, run `cdcd snapshot TABLE` once the source answers again")
             shape = shape_from_relation(rel, info, self.registry, old.schema.version + 1, ids)
             fills, rewritten = self._fills(shape, res, attrs)
             if any(f is not None for f in fills):
