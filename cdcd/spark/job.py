@@ -145,9 +145,9 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
         schema, name = table.split(".", 1)
         names = lakehouse_format(fmt, target)
         tables = " and ".join(names.ref(kind, schema, name) for kind in ("changelog", "tables"))
-        fix = (f"the source changed a column's type and Delta Lake changes a column's type only with type "
-               f"widening: run ALTER TABLE ... SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true') on {tables}, "
-               "then start the consumer again (docs/spark.md, schema changes)")
+        fix = (f"Delta Lake refused a column type change of {tables} that its type widening does not cover: take "
+               "one of the two ways out of docs/spark.md, Schema changes (a new mirror version, or a rewrite approved "
+               "with the mirror's table property cdcd.rewrite.<column>), then start the consumer again")
     elif "OutOfMemoryError" in text or "Java heap space" in text:
         fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
                "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
