@@ -431,6 +431,18 @@ class Mark:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def is_schema_change(mark: Mark) -> bool:
+    """A schema change the landing zone records (docs/landing-format.md, ``schema_changes``): a ``SCHEMA`` mark whose
+    ``detail["change"]`` holds the table's new ``TableSchema`` (``detail["ddl"]``: the statement, where known)."""
+    return mark.kind is MarkKind.SCHEMA and "change" in mark.detail
+
+
+def lands(mark: Mark) -> bool:
+    """A mark the landing zone records (a batch holding one lands even without rows): a completed re-snapshot, a
+    schema change."""
+    return mark.kind is MarkKind.SNAPSHOT_COVERED or is_schema_change(mark)
+
+
 Item = ChangeEvent | Mark | RowBlock | ChangeBlock
 
 

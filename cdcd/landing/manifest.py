@@ -1,9 +1,10 @@
 """Batch manifests: what a landed batch holds, written last to make it visible.
 
 A manifest is a typed value (``Manifest``, its ``FileEntry`` per data file with the file's ``TableEntry``, its
-``CoveredRecord`` per completed re-snapshot); the sink builds one (``file_entry``, ``batch_manifest``) and
-writes ``Manifest.to_json()`` (sealed with its checksum), readers get one back from ``read``. The fields and
-their JSON are docs/landing-format.md's ("Manifest"); ``load_manifest`` checks the document as it is on disk.
+``CoveredRecord`` per completed re-snapshot, its ``SchemaChangeRecord`` per schema change); the sink builds one
+(``file_entry``, ``batch_manifest``) and writes ``Manifest.to_json()`` (sealed with its checksum), readers get one
+back from ``read``. The fields and their JSON are docs/landing-format.md's ("Manifest"); ``load_manifest`` checks
+the document as it is on disk.
 """
 
 from __future__ import annotations
@@ -140,8 +141,36 @@ class CoveredRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class SchemaChangeRecord:
+    """A table's schema changed at ``position``: its new version and columns, the DDL text where the source has it
+    (MySQL/MariaDB; None for PostgreSQL, whose stream carries no statement)."""
+
+    schema: str
+    name: str
+    version: int
+    position: str  # a _cdc_pos
+    statement: str | None
+    columns: tuple[ColumnEntry, ...]
+
+    @classmethod
+    def of(cls, new: TableSchema, position: str, statement: str | None) -> SchemaChangeRecord:
+        return cls(new.table.schema, new.table.name, new.version, position, statement,
+                   tuple(ColumnEntry.of(c) for c in new.columns))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"table": {"schema": self.schema, "name": self.name}, "version": self.version,
+                "position": self.position, "statement": self.statement, "columns": [c.to_json() for c in self.columns]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SchemaChangeRecord:
+        return cls(doc["table"]["schema"], doc["table"]["name"], doc["version"], doc["position"], doc["statement"],
+                   tuple(ColumnEntry.from_json(c) for c in doc["columns"]))
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
-    """A batch's manifest. ``zone_id`` is None in version 1 manifests; ``covered`` is empty before version 3."""
+    """A batch's manifest. ``zone_id`` is None in version 1 manifests; ``covered`` is empty before version 3,
+    ``schema_changes`` before version 4."""
 
     batch_seq: int
     run_id: str
@@ -154,6 +183,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     covered: tuple[CoveredRecord, ...] = ()
     version: int = FORMAT_VERSION
+    schema_changes: tuple[SchemaChangeRecord, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The sealed document (the JSON object of docs/landing-format.md, with its checksum)."""
@@ -173,6 +203,8 @@ class Manifest:
             doc["zone_id"] = self.zone_id
         if self.version >= 3:
             doc["covered"] = [c.to_json() for c in self.covered]
+        if self.version >= 4:
+            doc["schema_changes"] = [c.to_json() for c in self.schema_changes]
         return seal(doc)
 
     @classmethod
@@ -180,7 +212,8 @@ class Manifest:
         return cls(doc["batch_seq"], doc["run_id"], doc.get("zone_id"), doc["source_kind"], doc["created_at"],
                    doc["event_count"], doc["first_position"], doc["last_position"],
                    tuple(FileEntry.from_json(f) for f in doc["files"]),
-                   tuple(CoveredRecord.from_json(c) for c in doc.get("covered", ())), doc["version"])
+                   tuple(CoveredRecord.from_json(c) for c in doc.get("covered", ())), doc["version"],
+                   tuple(SchemaChangeRecord.from_json(c) for c in doc.get("schema_changes", ())))
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
@@ -219,8 +252,9 @@ def covered_records(manifest: Manifest) -> list[tuple[str, str, str]]:
 
 
 def batch_manifest(seq: int, run_id: str, zone_id: str, source_kind: str, rows: int, positions: set[str],
-                   files: Iterable[FileEntry], covered: Iterable[CoveredRecord] = ()) -> Manifest:
-    """The manifest that publishes batch ``seq``'s data files (and its re-snapshot records)."""
+                   files: Iterable[FileEntry], covered: Iterable[CoveredRecord] = (),
+                   schema_changes: Iterable[SchemaChangeRecord] = ()) -> Manifest:
+    """The manifest that publishes batch ``seq``'s data files (and its re-snapshot and schema-change records)."""
     return Manifest(seq, run_id, zone_id, source_kind, datetime.now(UTC).isoformat(), rows,
                     min(positions) if positions else None, max(positions) if positions else None,
-                    tuple(files), tuple(covered))
+                    tuple(files), tuple(covered), schema_changes=tuple(schema_changes))

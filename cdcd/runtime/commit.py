@@ -15,7 +15,7 @@ from typing import Any
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, SinkError
-from cdcd.events import ChangeBlock, ChangeEvent, Mark, MarkKind, RowBlock, event_count
+from cdcd.events import ChangeBlock, ChangeEvent, Mark, RowBlock, event_count, lands
 from cdcd.retry import Backoff
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.interfaces import Batch, Sink, Source
@@ -56,9 +56,9 @@ class Committer:
             try:
                 await self.barrier.reserve()
                 self.barrier.add(batch)
-                # a completed re-snapshot's mark lands too: the consumer removes the rows it did not see
-                if batch.event_count or any(type(i) is Mark and i.kind is MarkKind.SNAPSHOT_COVERED
-                                            for i in batch.items):
+                # a completed re-snapshot's mark lands too (the consumer removes the rows it did not see), and so
+                # does a schema change (the change-log records it)
+                if batch.event_count or any(type(i) is Mark and lands(i) for i in batch.items):
                     await self._deliver_with_retry(batch)
                     self.stats.batches_delivered += 1
                 else:  # only marks: nothing to land, progress to checkpoint

@@ -30,12 +30,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdcd.errors import SinkError, SinkFatal
-from cdcd.events import ChangeBlock, ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema
+from cdcd.events import ChangeBlock, ChangeEvent, Mark, MarkKind, RowBlock, TableId, TableSchema, is_schema_change
 from cdcd.fsutil import fsync_dir, fsync_files, storage_fix, temp_name, write_temp
 from cdcd.landing import layout
 from cdcd.landing.columns import CDC_POS
 from cdcd.landing.layout import CONSUMED, DATA, MANIFESTS
-from cdcd.landing.manifest import CoveredRecord, FileEntry, Manifest, TableEntry, batch_manifest, canonical, file_entry
+from cdcd.landing.manifest import (
+    CoveredRecord,
+    FileEntry,
+    Manifest,
+    SchemaChangeRecord,
+    TableEntry,
+    batch_manifest,
+    canonical,
+    file_entry,
+)
 from cdcd.landing.zone import ensure_zone_id
 from cdcd.runtime.interfaces import Batch, Sink
 from cdcd.sinks.arrow import block_to_table, change_blocks_to_table, events_to_table
@@ -159,6 +168,23 @@ def covered(batch: Batch) -> list[CoveredRecord]:
     return out
 
 
+def schema_changes(batch: Batch) -> list[SchemaChangeRecord]:
+    """The manifest records of the batch's schema-change marks (``MarkKind.SCHEMA`` with ``detail["change"]``, the
+    table's new ``TableSchema``, and ``detail["ddl"]``, the statement where the source has one), in batch order."""
+    out = []
+    for item in batch.items:
+        if type(item) is Mark and is_schema_change(item):
+            new, ddl = item.detail["change"], item.detail.get("ddl")
+            if not isinstance(new, TableSchema) or not (ddl is None or isinstance(ddl, str)):
+                raise SinkFatal(
+                    f"batch {batch.seq}: a {item.kind} mark at {item.position.encoded} needs detail 'change' (the "
+                    f"table's new schema) and 'ddl' (the statement or None), got {item.detail!r}; this is a bug of "
+                    "the source: report it"
+                )
+            out.append(SchemaChangeRecord.of(new, item.position.encoded, ddl))
+    return out
+
+
 #: The dictionary page limit of landed files: a column whose dictionary outgrows it (a key, ``_cdc_pos``,
 #: free text) falls back to plain encoding after 64 KB instead of 1 MB of dictionary built and dropped,
 #: while low-cardinality columns (``_cdc_op``, status codes) keep their dictionary. On a 50,000-row
@@ -231,7 +257,7 @@ class LandingWriter:
             rows += group.rows
             files.append(file_entry(name, TableEntry.of(group.schema), table.num_rows, blob, found))
         manifest = batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
-                                  covered(batch))
+                                  covered(batch), schema_changes(batch))
         final = manifests / layout.manifest_name(batch.seq)
         manifest_temp = write_temp(final, canonical(manifest.to_json()))
         fsync_files([*(t for t, _ in temps), manifest_temp])
