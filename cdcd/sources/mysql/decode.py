@@ -193,9 +193,12 @@ class Decoder:
             return cached[1]
         derived = refine_types(schema_from_table_map(table, list(tmap.columns)), current or self.history.latest(table))
         if current is None or not same_shape(current, derived):
+            known = current is not None  # else the table's first schema: no change to record
             current = self.history.record(slot, derived)
-            items.append(Mark(MarkKind.SCHEMA, slot, {"table": str(table), "schema": schema_to_json(current),
-                                                      "reason": "table map"}))
+            detail: dict[str, Any] = {"table": str(table), "schema": schema_to_json(current), "reason": "table map"}
+            if known:  # a change no DDL told (one the parser did not read): recorded without a statement
+                detail |= {"change": current, "ddl": None}
+            items.append(Mark(MarkKind.SCHEMA, slot, detail))
         conv = [(c.name, f) for c in current.columns if (f := stream_converter(c.source_type)) is not None]
         d = _Decoded(current, conv, compile_table(columns, bool(ev._ignore_decode_errors)))
         self._decoded = {ev.table_id: (tmap, d, shape, current)} | {k: v for k, v in self._decoded.items()
@@ -326,8 +329,8 @@ class Decoder:
                 # any change of a column is a new version, a length or an order too (not only the Arrow shape)
                 if altered is not None and current is not None and not same_columns(altered.schema, current):
                     new = self.history.record(slot, altered.schema)
-                    detail: dict[str, Any] = {"table": str(table), "schema": schema_to_json(new), "reason": "ddl",
-                                              "ddl": query[:2000]}
+                    detail = {"table": str(table), "schema": schema_to_json(new), "reason": "ddl",
+                              "ddl": query[:2000], "change": new}  # "change": the landing zone records it
                     if altered.unknown:  # the source has the table read again (source.py, _judge_mark)
                         detail["unknown"] = [list(u) for u in altered.unknown]
                     items.append(Mark(MarkKind.SCHEMA, slot, detail))
@@ -338,7 +341,7 @@ class Decoder:
                     new = self.history.record(slot, TableSchema(ddl.new_table, columns, moved.key))
                     items.append(Mark(MarkKind.SCHEMA, slot,
                                       {"table": str(ddl.new_table), "schema": schema_to_json(new),
-                                       "reason": "rename", "ddl": query[:2000]}))
+                                       "reason": "rename", "ddl": query[:2000], "change": new}))
                 if table in self.tables:
                     items.append(Mark(MarkKind.DDL, slot2, {"table": str(table), "ddl": query[:2000]}))
             elif table in self.tables and ddl.kind in ("drop", "create", "alter"):

@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 
 from cdcd.errors import SourceError, SourceFatal, reason
-from cdcd.events import Fill, TableId
+from cdcd.events import Fill, TableId, TableSchema
 from cdcd.sources.postgres import catalog, columns
 from cdcd.sources.postgres.catalog import TableInfo
 from cdcd.sources.postgres.connection import ConnectParams
@@ -54,6 +54,9 @@ class PgTables:
     #: Each table's largest column id the source ever saw (the checkpoint keeps it, ``state.py``): a dropped column
     #: above it is one the source never knew, which a Relation's new column may be (``columns.resolve``).
     tops: dict[TableId, int] = field(default_factory=dict)
+    #: The new schemas of the tables whose Relation message changed them (not those of replayed transactions), in
+    #: order: the stream takes them after each Relation and marks each as a schema change (``stream.py``).
+    changes: list[TableSchema] = field(default_factory=list)
 
     async def load(self, absent_ok: frozenset[TableId] = frozenset()) -> list[TableId]:
         """Catalog facts, types and shapes of every table (``sql`` must be open). A table of ``absent_ok`` (one the
@@ -129,6 +132,8 @@ class PgTables:
                 shape = shape_from_relation(rel, info, self.registry, shape.schema.version, ids, fills)
             log.info("table schema changed", table=str(table), version=shape.schema.version,
                      columns=list(shape.schema.column_names), ids=list(ids))
+            if not replayed:
+                self.changes.append(shape.schema)
             if attrs and not replayed:
                 self._repair(table, res.doubts, rewritten)
         self.shapes[table] = shape

@@ -135,6 +135,17 @@ async def test_alters_under_a_running_stream_land_ids_fills_and_versions(
     assert _columns(first)[:3] == [("remark", 4, "varchar(10)"), ("id", 1, "int"), ("after_id", 12, "smallint")]
     assert (rows[11]["remark"], rows[11]["after_id"], rows[10]["qty"]) == ("r11", 3, 10)
     assert rows[9]["note"] == 42 and rows[11]["title"] is None
+    # each ALTER is recorded in its batch's manifest: its statement, the new version and columns (issue 28)
+    first_batch, second_batch = (b.manifest.schema_changes for b in read_batches(landing))
+    assert [c.version for c in first_batch] == [rows[k]["_v"] for k in (3, 4, 5, 6, 7)]
+    assert [(c.name, c.version, c.statement) for c in second_batch] == [
+        ("sc", rows[8]["_v"], "ALTER TABLE sc DROP COLUMN note"),
+        ("sc", rows[9]["_v"], "ALTER TABLE sc ADD COLUMN note INT DEFAULT 42"),
+        ("sc", rows[10]["_v"], "ALTER TABLE sc ADD COLUMN after_id SMALLINT NOT NULL DEFAULT 7 AFTER id"),
+        ("sc", rows[11]["_v"], "ALTER TABLE sc MODIFY remark VARCHAR(10) FIRST")]
+    assert [(c.name, c.id, c.fill) for c in second_batch[1].columns][-1] == ("note", 11, {"value": 42})
+    positions = [c.position for c in (*first_batch, *second_batch)]
+    assert positions == sorted(set(positions))
 
 
 async def test_the_binlog_text_of_each_lexical_form_is_read(make_config: Callable[..., Config],

@@ -40,6 +40,10 @@ def landed(path: Path) -> tuple[dict[int, list[tuple[str, int | None, Any]]], li
     return versions, rows
 
 
+def streamed_row(got: list[Item]) -> bool:
+    return bool(got) and isinstance(got[-1], ChangeEvent) and not got[-1].snapshot
+
+
 async def test_alters_under_a_running_stream_land_column_ids_and_fills(
         make_config: Callable[..., Config], sql: Callable[[str], str], tmp_path: Path) -> None:
     sql("CREATE TABLE t (id int PRIMARY KEY, label text, qty int, extra text); "
@@ -51,19 +55,19 @@ async def test_alters_under_a_running_stream_land_column_ids_and_fills(
         sql("ALTER TABLE t ADD COLUMN s text DEFAULT 'new, \"quoted\"', ADD COLUMN n int DEFAULT 7, "
             "ADD COLUMN d numeric(10,2) DEFAULT 1.5, ADD COLUMN ts timestamptz DEFAULT '2024-01-02 03:04:05+02', "
             "ADD COLUMN b boolean DEFAULT true, ADD COLUMN plain text; INSERT INTO t (id, label) VALUES (3, 'three')")
-        items += await d.events(1)
+        items += await d.take(streamed_row)  # with the marks before it
         sql("ALTER TABLE t RENAME COLUMN label TO title; UPDATE t SET qty = 10 WHERE id = 1")
-        items += await d.events(1)
+        items += await d.take(streamed_row)  # with the marks before it
         sql("ALTER TABLE t DROP COLUMN extra; ALTER TABLE t ADD COLUMN extra int; INSERT INTO t (id, extra) "
             "VALUES (4, 40)")
-        items += await d.events(1)
+        items += await d.take(streamed_row)  # with the marks before it
         sql("ALTER TABLE t ALTER COLUMN qty TYPE bigint; INSERT INTO t (id, qty) VALUES (5, 5000000000)")
-        items += await d.events(1)
+        items += await d.take(streamed_row)  # with the marks before it
         # The last column dropped, then (in a later Relation) one of the same type added: the source saw the drop.
         sql("ALTER TABLE t DROP COLUMN extra; UPDATE t SET qty = 2 WHERE id = 2")
-        items += await d.events(1)
+        items += await d.take(streamed_row)  # with the marks before it
         sql("ALTER TABLE t ADD COLUMN more int; INSERT INTO t (id, more) VALUES (6, 60)")
-        items += await d.events(1)
+        items += await d.take(streamed_row)  # with the marks before it
     assert not marks(items, MarkKind.INCREMENTAL_START)  # the catalog could tell every time: no re-snapshot
     await land(tmp_path, items)
     versions, rows = landed(tmp_path)
@@ -89,6 +93,12 @@ async def test_alters_under_a_running_stream_land_column_ids_and_fills(
     assert [(r["id"], r.get("title", r.get("label")), r["qty"], r["s"], r.get("extra")) for r in streamed] == [
         (3, "three", None, quoted, None), (1, "one", 10, quoted, "x"), (4, None, None, quoted, 40),
         (5, None, 5000000000, quoted, None), (2, "two", 2, quoted, None), (6, None, None, quoted, None)]
+    # each change is recorded in the manifest (no statement from pgoutput), below the first row of its version
+    changes = read_batches(tmp_path)[0].manifest.schema_changes
+    assert [(c.name, c.version, c.statement) for c in changes] == [("t", v, None) for v in range(1, 7)]
+    assert [(c.name, c.id) for c in changes[1].columns][:3] == [("id", 1), ("title", 2), ("qty", 3)]
+    for c in changes:
+        assert c.position < min(r["_cdc_pos"] for r in rows if r["_cdc_schema_version"] == c.version)
 
 
 async def test_what_the_stream_cannot_land_right_is_re_snapshotted(
