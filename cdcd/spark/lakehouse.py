@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdcd.landing.reader import LandedFile
-from cdcd.spark import evolve
+from cdcd.spark import evolve, schemalog
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, new_events, prepare, release
 from cdcd.spark.evolve import CHANGELOG, MIRROR, Target
@@ -441,6 +441,7 @@ class Lakehouse(ABC):
             self.held = Held()  # which of the failed merge's commits were made is not known: ask the tables
             raise
         self.apply_covered(spark, segment)  # completed re-snapshots, after the events
+        schemalog.apply_segment(spark, self, segment.batches, tables)  # the schema changes' change-log rows
         return out
 
     def check_mirror(self, spark: SparkSession, schema: str, table: str, files: list[LandedFile]) -> None:

@@ -12,6 +12,7 @@ refused before anything of the merge is applied, then applied once the operator 
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import structlog.testing
 from pyspark.sql import SparkSession
 from test_spark_consumer import TS, land, mirror, rows_of
 
-from cdcd.events import ChangeEvent, Column, Fill, Op, TableId, TableSchema
+from cdcd.events import ChangeEvent, Column, Fill, Mark, MarkKind, Op, TableId, TableSchema
 from cdcd.positions import PgPosition
 from cdcd.verify.mirror import read_table
 
@@ -60,14 +61,20 @@ def wide(i: int, **over: object) -> dict[str, object]:
             "title": f"t{i}", **over}
 
 
-BATCHES = [
+def changed(lsn: int, new: TableSchema, ddl: str | None = None) -> Mark:
+    """The source's schema-change mark (landed as a ``schema_changes`` record, a change-log row of its own)."""
+    return Mark(MarkKind.SCHEMA, PgPosition(lsn, 0), {"table": str(new.table), "change": new, "ddl": ddl})
+
+
+BATCHES: list[list[ChangeEvent | Mark]] = [
     [ev(Op.READ, 100, 0, V1, after=v1(i), snapshot=True) for i in (1, 2, 3, 6)],
     [ev(Op.UPDATE, 200, 1, V1, before={"id": 3}, after=v1(3, label="l3b")),  # before the ALTERs, same merge
+     changed(300, V2, "ALTER TABLE items RENAME label TO title"),
      ev(Op.UPDATE, 300, 1, V2, before={"id": 2}, after=wide(2, extra="x2b", flag="f2")),
      ev(Op.CREATE, 300, 2, V2, after=wide(4, extra="x4", flag="f4"))],
-    [ev(Op.UPDATE, 400, 1, V3, before={"id": 6}, after={**wide(6), "qty": 6, "amount": Decimal("6.50"),
-                                                          "price": Decimal("6.25"), "title": "t6", "flag": "f6"})],
-    [ev(Op.CREATE, 500, 1, V4, after=wide(5, flag="f5", extra=55))],
+    [changed(400, V3), ev(Op.UPDATE, 400, 1, V3, before={"id": 6}, after={
+        **wide(6), "qty": 6, "amount": Decimal("6.50"), "price": Decimal("6.25"), "title": "t6", "flag": "f6"})],
+    [changed(500, V4), ev(Op.CREATE, 500, 1, V4, after=wide(5, flag="f5", extra=55))],
 ]
 EXPECTED = {  # id: (qty, amount, price, title, flag, extra)
     1: (1, Decimal("1.50"), Decimal("1.2500"), "l1", "new", None),
@@ -133,12 +140,28 @@ async def test_schema_changes_by_column_identity(
     if fmt == "parquet":  # its change-log keeps each merge's files as written (docs/spark.md); no refusal
         return
     log = sorted((r["id"], r["title"], r["_cdc_old_extra_6"], r["flag"], r["extra"])
-                 for r in rows_of(target, "public.items", "changelog"))
+                 for r in rows_of(target, "public.items", "changelog") if r["_cdc_op"] != "s")
     # every event keeps what was landed: a renamed column's older values under its new name, the dropped
     # column's aside, no fill in events landed before their column existed
     assert log == [(1, "l1", "x1", None, None), (2, "l2", "x2", None, None), (2, "t2", "x2b", "f2", None),
                    (3, "l3", "x3", None, None), (3, "l3b", "x3", None, None), (4, "t4", "x4", "f4", None),
                    (5, "t5", None, "f5", 55), (6, "l6", "x6", None, None), (6, "t6", None, "f6", None)]
+    # each schema change is one change-log row ('s'), kept once when its batches are applied again
+    from cdcd.landing.reader import read_manifest
+    from cdcd.spark import schemalog
+    from cdcd.spark.formats import lakehouse_format
+
+    tables = lakehouse_format(fmt, target)
+    tables.register(spark)
+    schemalog.apply_segment(spark, tables, [(n, read_manifest(landing, n)) for n in (2, 3, 4)], {})
+    marked = sorted((r["_cdc_pos"], r["_cdc_schema_version"], r["id"], json.loads(r["_cdc_schema_change"]))
+                    for r in rows_of(target, "public.items", "changelog") if r["_cdc_op"] == "s")
+    assert [(pos, version, key, c["statement"]) for pos, version, key, c in marked] == [
+        (PgPosition(300, 0).encoded, 2, None, "ALTER TABLE items RENAME label TO title"),
+        (PgPosition(400, 0).encoded, 3, None, None), (PgPosition(500, 0).encoded, 4, None, None)]
+    assert [c["name"] for c in marked[0][3]["old_columns"]] == ["id", "qty", "amount", "price", "label", "extra"]
+    assert [c["name"] for c in marked[1][3]["columns"]] == ["id", "qty", "amount", "price", "title", "flag"]
+    assert marked[1][3]["old_columns"] is not None and marked[2][3]["columns"][-1]["id"] == 8
 
     # text -> bigint loses values: refused before anything of the merge (another table's row included)
     v5 = TableSchema(T, (*WIDE[:4], Column("title", pa.int64(), "bigint", id=5), *V4.columns[5:]), ("id",),
