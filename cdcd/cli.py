@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,10 @@ def _print_status(doc: dict[str, Any]) -> None:
             line += f", last key {json.dumps(job['last_key'])}"
         print(line + (f"; error: {job['error']}" if job.get("error") else ""))
     stats = doc.get("stats") or {}
+    for table, c in sorted((stats.get("schema_changes") or {}).items()):
+        at = datetime.fromtimestamp(c["at"], UTC).isoformat(timespec="seconds") if c.get("at") is not None else "?"
+        print(f"  schema changed: {table}: version {c.get('version')} at {c.get('position')}, committed {at} "
+              f"({c.get('count')} since the start)")
     if stats.get("last_error"):
         print(f"  last error: {stats['last_error']}")
     fault = doc.get("storage_fault")

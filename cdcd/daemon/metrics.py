@@ -111,6 +111,11 @@ def metrics_from_status(
     for table, count in sorted((stats.get("table_events") or {}).items()):
         tables.add_metric([str(table)], float(count))
     out.append(tables)
+    changes = CounterMetricFamily("cdcd_schema_changes", "Schema changes per source table landed and checkpointed "
+                                  "since the daemon started", labels=["table"])
+    for table, change in sorted((stats.get("schema_changes") or {}).items()):
+        changes.add_metric([str(table)], float(change.get("count", 0)))
+    out.append(changes)
 
     out += _gauge("cdcd_postgres_slot_lag_bytes",
                   "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) of the replication slot",

@@ -15,7 +15,7 @@ from typing import Any
 from cdcd.checkpoint.store import Checkpoint, CheckpointStore
 from cdcd.config import Config
 from cdcd.errors import CheckpointError, SinkError
-from cdcd.events import ChangeBlock, ChangeEvent, Mark, RowBlock, event_count, lands
+from cdcd.events import ChangeBlock, ChangeEvent, Mark, RowBlock, event_count, is_schema_change, lands
 from cdcd.retry import Backoff
 from cdcd.runtime.barrier import CommitBarrier
 from cdcd.runtime.interfaces import Batch, Sink, Source
@@ -186,5 +186,10 @@ class Committer:
                 if type(item) is ChangeEvent or type(item) is RowBlock or type(item) is ChangeBlock:
                     name = str(item.schema.table)
                     per_table[name] = per_table.get(name, 0) + event_count(item)
+                elif type(item) is Mark and is_schema_change(item):
+                    name = str(item.detail["change"].table)
+                    count = stats.schema_changes.get(name, {}).get("count", 0) + 1
+                    stats.schema_changes[name] = {"version": item.detail["change"].version, "count": count,
+                                                  "position": item.position.encoded, "at": stats.checkpoint_saved_at}
         self._log.debug("checkpoint saved", batch=ckpt.batch_seq, position=str(ckpt.position),
                         events=ckpt.event_count)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -29,3 +30,6 @@ class RuntimeStats:
     last_error: str | None = None
     last_tick: float = field(default_factory=time.monotonic)
     table_events: dict[str, int] = field(default_factory=dict)
+    #: Per table, its last schema change landed and checkpointed by this process: ``version``, ``position``, ``at``
+    #: (the checkpoint's time) and ``count`` (changes since the start).
+    schema_changes: dict[str, dict[str, Any]] = field(default_factory=dict)

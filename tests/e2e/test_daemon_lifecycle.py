@@ -364,6 +364,14 @@ def test_notify_http_single_daemon_stop_and_status(
         assert second["cdcd_table_events_total{table=public.orders}"] >= 40
         assert second["cdcd_ready"] == 1 and second["cdcd_source_connected"] == 1
         assert second["cdcd_snapshot_completed"] == 1 and "cdcd_postgres_slot_lag_bytes" in second
+        # a schema change is counted per table, and /status shows the table's last one (issue 28)
+        pg_server.psql("ALTER TABLE orders ADD COLUMN tag text DEFAULT 'x'; INSERT INTO orders VALUES (900, 1, 'n')",
+                       pg_db)
+        d.wait("the schema change committed",
+               lambda: _metrics(d).get("cdcd_schema_changes_total{table=public.orders}") == 1)
+        change = d.status()["stats"]["schema_changes"]["public.orders"]
+        assert (change["version"], change["count"]) == (1, 1) and change["position"].startswith("pg:")
+        assert change["at"] >= time.time() - 600
 
         d.wait("WATCHDOG=1", lambda: any(m.get("WATCHDOG") == "1" for m in (received.__iadd__(_messages(notify)))))
 

@@ -217,7 +217,8 @@ def test_commands_that_never_connect_do_not_need_the_secret(tmp_path: Path, caps
 def test_status_shows_what_the_operator_acts_on(capsys: pytest.CaptureFixture[str]) -> None:
     from cdcd.cli import _print_status
 
-    _print_status({"running": True, "pid": 7, "stats": {"events_committed": 1}, "storage_fault": {
+    _print_status({"running": True, "pid": 7, "stats": {"events_committed": 1, "schema_changes": {"public.a": {
+        "version": 3, "position": "pg:1", "at": 0.0, "count": 2}}}, "storage_fault": {
         "error": "checkpoint saves are failing: No space left on device", "failing_for_s": 12.5},
         "source": {"phase": "snapshot", "tables": ["public.a", "public.b"], "last_error": "connection reset",
                    "table_reload_error": "table public.c has no primary key", "snapshot": {
@@ -229,3 +230,4 @@ def test_status_shows_what_the_operator_acts_on(capsys: pytest.CaptureFixture[st
     assert "STORAGE FAULT for 12.5 s: checkpoint saves are failing" in out
     assert "snapshot public.a: 200 rows (no row estimate" in out and "of ~0" not in out
     assert "snapshot public.b: 5 rows of ~1000 (done)" in out
+    assert "schema changed: public.a: version 3 at pg:1, committed 1970-01-01T00:00:00+00:00 (2 since the start)" in out

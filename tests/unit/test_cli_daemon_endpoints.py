@@ -24,6 +24,7 @@ def _status(committed: int, lag_ms: int | None = 120) -> dict[str, Any]:
             "queue_capacity": 1, "committed_batch_seq": 8, "checkpoint_saved_at": time.time() - 3,
             "checkpoint_failures": 0, "source_reconnects": 1, "last_error": "connection reset by postgresql://cdc:pw@db/",
             "last_tick": time.monotonic(), "table_events": {"public.orders": committed - 1, "public.customers": 1},
+            "schema_changes": {"public.orders": {"version": 4, "position": "pg:1", "at": time.time(), "count": 3}},
         },
         "source": {
             "connected": True, "phase": "snapshot", "lag_ms": lag_ms, "slot_lag_bytes": 4096,
@@ -53,6 +54,7 @@ def test_metrics_render_and_parse() -> None:
     assert samples[("cdcd_state", (("state", "running"),))] == 1
     assert samples[("cdcd_state", (("state", "stopped"),))] == 0
     assert samples[("cdcd_table_events_total", (("table", "public.orders"),))] == 99
+    assert samples[("cdcd_schema_changes_total", (("table", "public.orders"),))] == 3
     assert samples[("cdcd_snapshot_running", ())] == 1
     assert samples[("cdcd_snapshot_remaining_tables", ())] == 1
     assert samples[("cdcd_snapshot_rows_scanned_total", (("table", "public.orders"),))] == 500
