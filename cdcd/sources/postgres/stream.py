@@ -91,6 +91,8 @@ class PgStream:
         """Nothing to move: the slot starts at the snapshot's consistent point (the watermark) by itself."""
 
     async def run(self, reconnect: bool) -> AsyncIterator[Item]:
+        if reconnect:  # the Relations of the new connection read the catalog: on a connection of the new path
+            self._tables.drop_sql()
         repl = await ReplicationConnection.connect(self._params)
         self.repl = repl
         repl.flush_lsn = self.flush_lsn

@@ -88,6 +88,14 @@ class PgTables:
             self.sql = await catalog.connect_sql(self.params)
         return self.sql
 
+    def drop_sql(self) -> None:
+        """Drop the catalog connection: after the replication connection was lost it may be dead on the same path
+        (a blackholed network answers nothing; its queries would wait out the read timeout). The next catalog
+        read opens a new one."""
+        if self.sql is not None and not self.sql.is_closed():
+            self.sql.terminate()
+        self.sql = None
+
 
     async def decoder(self, rel: pgoutput.Relation, commit_lsn: int | None = None) -> RowDecoder:
         """The decoder of a captured table's rows from its Relation message: its shape, a new schema version when
