@@ -24,6 +24,7 @@ from cdcd.landing.columns import CDC_SCHEMA_VERSION
 from cdcd.landing.manifest import ColumnEntry
 from cdcd.landing.reader import LandedFile
 from cdcd.spark.lakehouse_sql import literal, q, sql_type
+from cdcd.spark.rule import schema_groups
 from cdcd.spark.widening import holds, lossless
 
 COMMENT = "comment"
@@ -120,21 +121,11 @@ def _value_sql(doc: object, dt: DataType) -> str:
     return f"CAST({literal(text)} AS {sql_type(dt)})"
 
 
-def _groups(files: list[LandedFile]) -> list[list[LandedFile]]:
-    groups: list[list[LandedFile]] = []
-    for f in files:
-        if groups and groups[-1][-1].entry.table.columns == f.entry.table.columns:
-            groups[-1].append(f)
-        else:
-            groups.append([f])
-    return groups
-
-
 def read_by_identity(spark: SparkSession, files: list[LandedFile], fill: bool) -> DataFrame:
     """The landed rows of one table under the latest version's names (module docstring); ``fill``: columns
     added with a fill hold it in the rows of older versions (the mirror's events; the change-log's keep what
     was landed). One schema version reads as it is."""
-    groups = _groups(files)
+    groups = schema_groups(files)
     frames = [(g[0].entry.table.columns, spark.read.parquet(*[f.path for f in g])) for g in groups]
     if len(frames) == 1:
         return frames[0][1]

@@ -36,14 +36,20 @@ KIND = "_cdc_kind"  # U upsert, D delete, E existing mirror row
 RANK = "_cdc_rank"  # existing rows sort before events at the same position
 
 
-def read_events(spark: SparkSession, files: list[LandedFile]) -> DataFrame:
-    """The landed rows of one table; files of different schema versions are unioned by name."""
+def schema_groups(files: list[LandedFile]) -> list[list[LandedFile]]:
+    """A table's landed files in runs of one schema (consecutive files with the same columns)."""
     groups: list[list[LandedFile]] = []
     for f in files:
         if groups and groups[-1][-1].entry.table.columns == f.entry.table.columns:
             groups[-1].append(f)
         else:
             groups.append([f])
+    return groups
+
+
+def read_events(spark: SparkSession, files: list[LandedFile]) -> DataFrame:
+    """The landed rows of one table; files of different schema versions are unioned by name."""
+    groups = schema_groups(files)
     frames = [spark.read.parquet(*[f.path for f in g]) for g in groups]
     out = frames[0]
     for df in frames[1:]:
