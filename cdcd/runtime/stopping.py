@@ -16,15 +16,21 @@ STOP_STEP_S = 10.0
 async def pause_reading(tasks: dict[str, asyncio.Task[None]], log: Any) -> None:
     """Cancel the reader (a stop): wait for it at most STOP_STEP_S, then go on without it."""
     reader = tasks.pop("reader", None)
-    if reader is not None and not reader.done():
-        reader.cancel()
-        await asyncio.wait({reader}, timeout=STOP_STEP_S)  # never swallows a cancel of the stop itself
-        if not reader.done():  # stuck in a finally: cancelled again and waited for (bounded) by the runtime's shutdown
-            tasks["reader-cancelled"] = reader
-            log.error(f"the reader did not stop within {STOP_STEP_S:g}s of being cancelled; the stop "
-                      "goes on without it and aborts the source's connections at the end")
-        elif not reader.cancelled() and (exc := reader.exception()) is not None:
-            raise exc  # as ``await reader`` did: the stop reports how the reader ended
+    if reader is None or reader.done():
+        return
+    reader.cancel()
+    # Kept (under another name: the timer seals only while "reader" is there) until it has ended, also when this
+    # stop is itself cancelled while waiting: a force stop that follows cancels it again and waits (bounded). A
+    # reader dropped here and still running was never ended: it filled the hand-over and waited there for ever.
+    tasks["reader-cancelled"] = reader
+    await asyncio.wait({reader}, timeout=STOP_STEP_S)  # never swallows a cancel of the stop itself
+    if not reader.done():  # stuck in a finally: cancelled again and waited for (bounded) by the runtime's shutdown
+        log.error(f"the reader did not stop within {STOP_STEP_S:g}s of being cancelled; the stop "
+                  "goes on without it and aborts the source's connections at the end")
+        return
+    del tasks["reader-cancelled"]
+    if not reader.cancelled() and (exc := reader.exception()) is not None:
+        raise exc  # as ``await reader`` did: the stop reports how the reader ended
 
 
 async def cancel_tasks(tasks: dict[str, asyncio.Task[None]], log: Any) -> None:
