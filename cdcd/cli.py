@@ -65,6 +65,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_daemon(config, Path(args.config))
 
 
+def cmd_recover(args: argparse.Namespace) -> int:
+    config = _config(args, connects=True)
+    configure_logging(config.log.level, config.log.format, stream="stderr")
+    from cdcd.daemon.recover import describe, recover
+
+    print(describe(asyncio.run(recover(config))))
+    return ExitCode.OK
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     config = _config(args, connects=True)
     _quiet_logging(config)
@@ -146,6 +155,10 @@ def _print_status(doc: dict[str, Any]) -> None:
         print(f"  captured tables: {', '.join(source['tables'])}")
     for table, why in sorted((source.get("tables_needing_snapshot") or {}).items()):
         print(f"  needs a re-snapshot: {table}: {why}")
+    lost = (source.get("position_lost") or {}).get("last")
+    if lost:
+        print(f"  position lost and recovered ({source['position_lost'].get('recoveries', 0)} times by this process): "
+              f"{lost.get('lost')}; from {lost.get('from')} to {lost.get('to')}")
     if source.get("table_reload_error"):
         print(f"  last table reload FAILED: {source['table_reload_error']}")
     if source.get("incremental_waiting"):
@@ -368,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cdcd", description="Change-data-capture daemon: PostgreSQL and MySQL/MariaDB into Apache Spark.",
         epilog="Exit codes: 0 ok, 1 failed check, 2 usage, 3 force-stopped, 4 source fatal, 5 sink fatal, "
-               "6 checkpoint unusable, 7 state directory held by another daemon, 8 stop timed out, 78 config error. "
+               "6 checkpoint unusable, 7 state directory held by another daemon, 8 stop timed out, "
+               "9 source position lost (`cdcd recover`), 78 config error. "
                "See docs/cli.md.")
     parser.add_argument("--version", action="version", version=f"cdcd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -380,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_config(command("run", cmd_run, "run the daemon in the foreground (systemd Type=notify, containers)"))
     _add_config(command("check", cmd_check, "validate the config and preflight the source (settings, privileges)"))
+    _add_config(command("recover", cmd_recover, "after a lost source position (exit 9), with the daemon stopped: say "
+                        "what was lost, take a new slot or binlog position, record the gap in the landing zone and "
+                        "make the next run re-snapshot every table incrementally"))
     p = command("status", cmd_status, "the daemon's state, positions, lag, snapshot progress and checkpoint")
     _add_config(p)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")

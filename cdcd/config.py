@@ -78,6 +78,10 @@ class SourceConfig(_Section):
     """The CA bundle for verify-ca and verify-full; unset: the system's CAs."""
     connect_timeout_s: float = Field(default=10.0, gt=0)
     """Seconds to wait for a connection."""
+    on_position_lost: Literal["fail", "resnapshot"] = "fail"
+    """What a lost position (replication slot gone or invalidated, binlog purged or reset) does: fail (exit 9, fix
+    with `cdcd recover`), or resnapshot (the daemon recovers by itself: a new slot or the current binlog position,
+    the gap recorded in the landing zone, every table re-snapshotted incrementally; docs/operations.md)."""
     postgres: PostgresOptions = PostgresOptions()
     """PostgreSQL options."""
     mysql: MySqlOptions = MySqlOptions()

@@ -48,6 +48,12 @@ class PositionLost(SourceFatal):
     container files do not restart."""
 
 
+class NothingToRecover(CdcdError):
+    """`cdcd recover` found the checkpoint's position still in the source's history (or no checkpoint at all)."""
+
+    fatal = True
+
+
 class CheckpointError(CdcdError):
     """The checkpoint could not be saved; the runtime retries the save on a timer."""
 

@@ -417,6 +417,9 @@ class MarkKind(enum.StrEnum):
     TABLE_REPLACED = "table_replaced"
     WATERMARK = "watermark"  # an idle binlog reached an incremental snapshot chunk's high watermark (nothing to fold)
     TABLES = "tables"  # the captured table list changed (detail: tables): what a restart compares source.tables to
+    # the position was lost (slot gone, binlog purged or reset) and capture goes on from a new one (detail: lost,
+    # from, to): the landing zone records the gap, every table is re-snapshotted (cdcd/capture/recovery.py)
+    POSITION_LOST = "position_lost"
 
 
 @dataclass(slots=True)
@@ -439,8 +442,8 @@ def is_schema_change(mark: Mark) -> bool:
 
 def lands(mark: Mark) -> bool:
     """A mark the landing zone records (a batch holding one lands even without rows): a completed re-snapshot, a
-    schema change."""
-    return mark.kind is MarkKind.SNAPSHOT_COVERED or is_schema_change(mark)
+    schema change, a lost position."""
+    return mark.kind is MarkKind.SNAPSHOT_COVERED or mark.kind is MarkKind.POSITION_LOST or is_schema_change(mark)
 
 
 Item = ChangeEvent | Mark | RowBlock | ChangeBlock

@@ -128,6 +128,10 @@ def metrics_from_status(
     out += _counter("cdcd_source_stream_reconnects",
                     "Reconnects of the replication/binlog stream inside the source (stalls and connection losses)",
                     source.get("reconnects"))
+    out += _counter("cdcd_position_lost_recoveries",
+                    "Recoveries from a lost source position since the daemon started (source.on_position_lost = "
+                    "resnapshot): a new position, every table re-snapshotted", (source.get("position_lost") or {})
+                    .get("recoveries"))
 
     out += _tables_metrics(source)
 

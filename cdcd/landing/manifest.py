@@ -141,6 +141,25 @@ class CoveredRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PositionLostRecord:
+    """The source position was lost (slot gone, binlog purged or reset): the changes between ``from_position`` (the
+    last position captured, None when unknown) and ``to_position`` (where capture went on) are not in the landing
+    zone; whole-table re-snapshots follow (their covered records reconcile the mirror). ``lost`` says what the source
+    reported."""
+
+    lost: str
+    from_position: str | None  # a _cdc_pos
+    to_position: str  # a _cdc_pos
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lost": self.lost, "from": self.from_position, "to": self.to_position}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> PositionLostRecord:
+        return cls(doc["lost"], doc.get("from"), doc["to"])
+
+
+@dataclass(frozen=True, slots=True)
 class SchemaChangeRecord:
     """A table's schema changed at ``position``: its new version and columns, the DDL text where the source has it
     (MySQL/MariaDB; None for PostgreSQL, whose stream carries no statement)."""
@@ -170,7 +189,8 @@ class SchemaChangeRecord:
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """A batch's manifest. ``zone_id`` is None in version 1 manifests; ``covered`` is empty before version 3,
-    ``schema_changes`` before version 4."""
+    ``schema_changes`` before version 4; ``position_lost`` is written only when not empty (a version 4 field that
+    readers without it ignore)."""
 
     batch_seq: int
     run_id: str
@@ -184,6 +204,7 @@ class Manifest:
     covered: tuple[CoveredRecord, ...] = ()
     version: int = FORMAT_VERSION
     schema_changes: tuple[SchemaChangeRecord, ...] = ()
+    position_lost: tuple[PositionLostRecord, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The sealed document (the JSON object of docs/landing-format.md, with its checksum)."""
@@ -205,6 +226,8 @@ class Manifest:
             doc["covered"] = [c.to_json() for c in self.covered]
         if self.version >= 4:
             doc["schema_changes"] = [c.to_json() for c in self.schema_changes]
+        if self.position_lost:
+            doc["position_lost"] = [r.to_json() for r in self.position_lost]
         return seal(doc)
 
     @classmethod
@@ -213,7 +236,8 @@ class Manifest:
                    doc["event_count"], doc["first_position"], doc["last_position"],
                    tuple(FileEntry.from_json(f) for f in doc["files"]),
                    tuple(CoveredRecord.from_json(c) for c in doc.get("covered", ())), doc["version"],
-                   tuple(SchemaChangeRecord.from_json(c) for c in doc.get("schema_changes", ())))
+                   tuple(SchemaChangeRecord.from_json(c) for c in doc.get("schema_changes", ())),
+                   tuple(PositionLostRecord.from_json(r) for r in doc.get("position_lost", ())))
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
@@ -253,8 +277,11 @@ def covered_records(manifest: Manifest) -> list[tuple[str, str, str]]:
 
 def batch_manifest(seq: int, run_id: str, zone_id: str, source_kind: str, rows: int, positions: set[str],
                    files: Iterable[FileEntry], covered: Iterable[CoveredRecord] = (),
-                   schema_changes: Iterable[SchemaChangeRecord] = ()) -> Manifest:
-    """The manifest that publishes batch ``seq``'s data files (and its re-snapshot and schema-change records)."""
+                   schema_changes: Iterable[SchemaChangeRecord] = (),
+                   position_lost: Iterable[PositionLostRecord] = ()) -> Manifest:
+    """The manifest that publishes batch ``seq``'s data files (and its re-snapshot, schema-change and lost-position
+    records)."""
     return Manifest(seq, run_id, zone_id, source_kind, datetime.now(UTC).isoformat(), rows,
                     min(positions) if positions else None, max(positions) if positions else None,
-                    tuple(files), tuple(covered), schema_changes=tuple(schema_changes))
+                    tuple(files), tuple(covered), schema_changes=tuple(schema_changes),
+                    position_lost=tuple(position_lost))

@@ -144,6 +144,17 @@ class Source(abc.ABC):
         ``error``."""
         return []
 
+    # -- a lost position (docs/operations.md, "A lost position") -------------------------------------------
+
+    def recover_only(self) -> None:
+        """`cdcd recover`: the next ``connect`` recovers a lost position (a new one, the gap recorded, every table
+        re-snapshotted) and raises ``NothingToRecover`` when the position is not lost."""
+        raise ConfigError(f"the {self.kind} source cannot recover a lost position")
+
+    def recovered(self) -> dict[str, Any] | None:
+        """What this process recovered from (the gap's record: ``lost``, ``from``, ``to``, ``tables``), or None."""
+        return None
+
 
 class Sink(abc.ABC):
     """Lands batches durably and acks them."""

@@ -39,6 +39,7 @@ from cdcd.landing.manifest import (
     CoveredRecord,
     FileEntry,
     Manifest,
+    PositionLostRecord,
     SchemaChangeRecord,
     TableEntry,
     batch_manifest,
@@ -168,6 +169,20 @@ def covered(batch: Batch) -> list[CoveredRecord]:
     return out
 
 
+def position_lost(batch: Batch) -> list[PositionLostRecord]:
+    """The manifest records of the batch's POSITION_LOST marks (``detail``: ``lost``, ``from``, ``to``, the positions
+    encoded), in batch order."""
+    out = []
+    for item in batch.items:
+        if type(item) is Mark and item.kind is MarkKind.POSITION_LOST:
+            detail = item.detail
+            if not isinstance(detail.get("lost"), str) or not isinstance(detail.get("to"), str):
+                raise SinkFatal(f"batch {batch.seq}: a {item.kind} mark at {item.position.encoded} needs detail 'lost' "
+                                f"and 'to' (text), got {detail!r}; this is a bug of the source: report it")
+            out.append(PositionLostRecord(detail["lost"], detail.get("from"), detail["to"]))
+    return out
+
+
 def schema_changes(batch: Batch) -> list[SchemaChangeRecord]:
     """The manifest records of the batch's schema-change marks (``MarkKind.SCHEMA`` with ``detail["change"]``, the
     table's new ``TableSchema``, and ``detail["ddl"]``, the statement where the source has one), in batch order."""
@@ -257,7 +272,7 @@ class LandingWriter:
             rows += group.rows
             files.append(file_entry(name, TableEntry.of(group.schema), table.num_rows, blob, found))
         manifest = batch_manifest(batch.seq, self.run_id, self.zone_id, self.source_kind, rows, positions, files,
-                                  covered(batch), schema_changes(batch))
+                                  covered(batch), schema_changes(batch), position_lost(batch))
         final = manifests / layout.manifest_name(batch.seq)
         manifest_temp = write_temp(final, canonical(manifest.to_json()))
         fsync_files([*(t for t, _ in temps), manifest_temp])

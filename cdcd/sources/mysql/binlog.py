@@ -31,6 +31,7 @@ from cdcd.sockets import keepalive
 from cdcd.sources.mysql.columnar import BlockBuilder
 from cdcd.sources.mysql.decode import Decoder
 from cdcd.sources.mysql.failures import TRANSIENT_CODES
+from cdcd.sources.mysql.plan import RESNAPSHOT_FIX
 from cdcd.sources.mysql.tls import Tls
 
 IDLE_MARK_INTERVAL_S = 1.0  # how often progress over uncaptured transactions reaches the checkpoint
@@ -138,6 +139,11 @@ class Channel:
             await self._event.wait()
 
 
+def refused(where: str, msg: str) -> str:
+    """What the server's error 1236 (the dump cannot start at the position) means."""
+    return f"the server cannot send the binlog from {where}: {msg}; the binlog or GTIDs needed to resume were purged"
+
+
 def classify(exc: BaseException, where: str) -> BaseException:
     """Map a reader failure to the error hierarchy: purged binlogs and auth are fatal."""
     if isinstance(exc, SourceError):
@@ -146,13 +152,7 @@ def classify(exc: BaseException, where: str) -> BaseException:
         code = exc.args[0]
         msg = exc.args[1] if len(exc.args) > 1 else ""
         if code == 1236:
-            return PositionLost(
-                f"the server cannot send the binlog from {where}: {msg}. The binlog or GTIDs needed to resume "
-                "were purged: those changes are lost to cdcd. Re-snapshot: stop cdcd, remove the state "
-                "directory (state.path) and the landing zone, start again (snapshot.mode = \"initial\"), or set "
-                "snapshot.mode = \"when_needed\"; keep binlogs longer (expire_logs_days / "
-                "binlog_expire_logs_seconds)."
-            )
+            return PositionLost(f"{refused(where, msg)}: those changes are lost to cdcd. {RESNAPSHOT_FIX}")
         if code in (1045, 1044, 1227, 1142):
             return SourceFatal(f"binlog connection refused ({code}: {msg}); grant the cdc user REPLICATION SLAVE, "
                                "REPLICATION CLIENT and SELECT, and check the password")

@@ -18,13 +18,16 @@ from cdcd.sources.mysql.state import MySqlState
 LOST_FIX = (
     "The changes since are lost to cdcd and the mirror cannot be brought up to date from this binlog. Re-snapshot: "
     "stop cdcd (`cdcd stop -c CONFIG`), move the state directory (state.path) and the landing zone (landing.path) "
-    "aside, start again with snapshot.mode = \"initial\" and let `cdcd spark run` write to a fresh --target; or set "
-    "snapshot.mode = \"when_needed\" to re-snapshot automatically (see docs/operations.md, Faults)."
+    "aside, start again with snapshot.mode = \"initial\" and let `cdcd spark run` write to a fresh --target; or run "
+    "`cdcd recover -c CONFIG` (the current binlog position, every table re-snapshotted incrementally into the same "
+    "mirror), or set source.on_position_lost = \"resnapshot\" to do that by itself (see docs/operations.md, \"A lost "
+    "position\")."
 )
 
 RESNAPSHOT_FIX = (
-    "Re-snapshot: stop cdcd, remove the state directory (state.path) and the landing zone and start again with "
-    "snapshot.mode = \"initial\", or set snapshot.mode = \"when_needed\" to re-snapshot automatically; keep "
+    "Run `cdcd recover -c CONFIG` (the current binlog position, every table re-snapshotted incrementally into the "
+    "same mirror), or set source.on_position_lost = \"resnapshot\" to do that by itself (docs/operations.md, \"A lost "
+    "position\"); keep "
     "binlogs longer (expire_logs_days / binlog_expire_logs_seconds) so this does not recur."
 )
 
@@ -36,6 +39,7 @@ class Step(enum.Enum):
     DONE = "initial_only and its snapshot is done: nothing to do"
     RESUME_STREAM = "stream from the checkpoint (or from the last position delivered in this process)"
     RESNAPSHOT = "the position is lost and snapshot.mode = when_needed: a new snapshot in a new epoch"
+    RECOVER = "the position is lost, recovery allowed: stream from now in a new epoch, re-snapshot incrementally"
 
 
 def first_step(state: MySqlState, position: Position | None, mode: str) -> Step:
@@ -65,21 +69,31 @@ def resume_position(state: MySqlState, position: Position | None) -> MySqlPositi
 
 
 def after_verdict(verdict: Verdict | str | None, mode: str, pos: MySqlPosition, facts: BinlogFacts,
-                  what: str) -> Verdict | Step:
-    """The judged position: its verdict (go on), ``Step.RESNAPSHOT`` (when_needed), or a ``SourceFatal``.
+                  what: str, recover: bool = False) -> Verdict | Step:
+    """The judged position: its verdict (go on), ``Step.RECOVER`` (``recover``: source.on_position_lost =
+    "resnapshot" or `cdcd recover`, which wins over when_needed), ``Step.RESNAPSHOT`` (when_needed), or a
+    ``SourceFatal``.
 
     ``verdict`` is ``identity.judge``'s answer as a value: None = the binlog file was purged, a string = the
     position is lost (the server's history went back)."""
     if verdict is not None and not isinstance(verdict, str):
         return verdict
+    if recover:
+        return Step.RECOVER
     if mode == "when_needed":
         return Step.RESNAPSHOT
     if isinstance(verdict, str):
         raise PositionLost(f"{verdict}. {LOST_FIX}")
+    raise PositionLost(f"{lost_problem(verdict, pos, facts, what)}: the changes since then are lost to cdcd. "
+                       + RESNAPSHOT_FIX)
+
+
+def lost_problem(verdict: str | None, pos: MySqlPosition, facts: BinlogFacts, what: str) -> str:
+    """What was lost, as ``after_verdict`` says it: the server's words on a history that went back, or the purged
+    binlog file."""
+    if isinstance(verdict, str):
+        return verdict
     files = facts.files
     oldest = files[0] if files else "(none)"
-    raise PositionLost(
-        f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
-        f"the server (purged; the oldest binlog is {oldest}): the changes since then are lost to cdcd. "
-        + RESNAPSHOT_FIX
-    )
+    return (f"binlog file {pos.file} needed to resume from {what} ({pos}, GTID {pos.gtid or 'n/a'}) is no longer on "
+            f"the server (purged; the oldest binlog is {oldest})")

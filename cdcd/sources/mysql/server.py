@@ -226,6 +226,8 @@ class MySqlServer:
             return str(exc)
 
     def lost_error(self, problem: str) -> SourceError:
+        if self.config.source.on_position_lost == "resnapshot":
+            return Replan(f"{problem}; source.on_position_lost = resnapshot re-plans (a recovery)")
         if self.config.snapshot.mode == "when_needed":
             return Replan(f"{problem}; snapshot.mode = when_needed re-plans (a new snapshot)")
         return PositionLost(f"{problem}. {LOST_FIX}")

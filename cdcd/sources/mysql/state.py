@@ -10,7 +10,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "inside_tx": true,                        # present when the checkpoint's position is inside a transaction
      "seqs": "content",                        # seqs number transaction content (decode.py); absent: written by
                                                # an earlier version, byte offsets (matters only inside_tx)
-     "tables_needing_snapshot": {"db.t": "DROP TABLE at ..."}}  # replaced tables, until a re-snapshot ends
+     "tables_needing_snapshot": {"db.t": "DROP TABLE at ..."},  # replaced tables, until a re-snapshot ends
+     "position_lost": {"count": 1, "last": {...}}}  # recoveries from a lost position (cdcd/capture/recovery.py)
 
 Incremental snapshots keep ``tables``, ``incremental`` and ``incremental_queued`` too
 (``cdcd/capture/incremental/state.py``, ``fold_incremental``).
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
+from cdcd.capture.recovery import fold_position_lost
 from cdcd.errors import CheckpointFatal
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId
 from cdcd.positions import MySqlPosition, position_from_json
@@ -137,6 +139,10 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
             new["stream_start"] = item.position.to_json()
         elif kind == MarkKind.IDENTITY:
             new["server"] = dict(item.detail)
+        elif kind == MarkKind.POSITION_LOST:  # going on from the current position (cdcd/capture/recovery.py)
+            fold_position_lost(new, item)
+            if snap is not None and not snap.get("done"):  # the tables it had left are re-read incrementally
+                snap["done"] = True
         elif kind in INCREMENTAL_KINDS:
             fold_incremental(new, item)
     _flush_keys(tables, last)

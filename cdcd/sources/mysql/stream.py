@@ -164,7 +164,10 @@ class MySqlStream:
         watch = asyncio.create_task(self._watch_history(channel), name="mysql-history-watch")
         try:
             while True:
-                chunk = await channel.get_many()
+                try:
+                    chunk = await channel.get_many()
+                except PositionLost as exc:  # the dump refused the position (1236): a replan when that is allowed
+                    raise server.lost_error(str(exc).split(": those changes are lost", 1)[0]) from exc
                 if not chunk:
                     return  # stopped
                 chunk = build_blocks(chunk)

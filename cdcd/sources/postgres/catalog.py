@@ -289,3 +289,9 @@ async def advance_slot_to_now(conn: Any, slot: str) -> int:
         if reached >= target:
             return reached
         await asyncio.sleep(0.05)
+
+
+async def drop_slot(conn: Any, slot: str) -> None:
+    """Drop a slot that lost WAL it needs (wal_status = lost): nothing can stream from it again, and its name is
+    the one the recovery's new slot takes."""
+    await conn.execute("SELECT pg_drop_replication_slot($1)", slot)

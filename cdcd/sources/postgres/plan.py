@@ -19,14 +19,17 @@ class Step(enum.Enum):
     SNAPSHOT_ONLY = "initial_only: (the rest of) a snapshot without a slot"
     RESUME = "stream from the checkpoint's slot (and finish its snapshot if it was running)"
     NEW_SLOT_AFTER_LOSS = "the checkpoint's slot is gone and snapshot.mode = when_needed: a new slot and snapshot"
+    RECOVER = "the checkpoint's slot is gone, recovery allowed: a new slot, every table re-snapshotted incrementally"
     NEW_SLOT_SNAPSHOT = "a first start: a new slot exporting its snapshot"
     NEW_SLOT_STREAM = "a first start with snapshot.mode = never: a new slot, no snapshot"
     SLOT_STREAM = "a first start with snapshot.mode = never on an existing slot: stream from its point"
     SLOT_SNAPSHOT = "a first start on an existing slot: advance it to now, snapshot under a fresh snapshot"
 
 
-def decide(state: PgState, slot: SlotInfo | None, configured_slot: str, mode: str, where: str) -> Step:
-    """The run to plan; raises ``SourceFatal`` when the checkpoint cannot be honoured."""
+def decide(state: PgState, slot: SlotInfo | None, configured_slot: str, mode: str, where: str,
+           recover: bool = False) -> Step:
+    """The run to plan; raises ``SourceFatal`` when the checkpoint cannot be honoured. ``recover``: a lost slot may
+    be recovered (source.on_position_lost = "resnapshot", `cdcd recover`)."""
     if mode == "initial_only":
         return Step.SNAPSHOT_DONE if state.snapshot == "done" else Step.SNAPSHOT_ONLY
     if state.slot:
@@ -35,9 +38,11 @@ def decide(state: PgState, slot: SlotInfo | None, configured_slot: str, mode: st
                               f"source.postgres.slot is {configured_slot!r}; restore the setting, or re-snapshot "
                               "with a fresh state.path")
         if slot is None:
-            if mode != "when_needed":
-                raise PositionLost(slot_gone_message(state.slot, where))
-            return Step.NEW_SLOT_AFTER_LOSS
+            if recover:  # asked for: wins over when_needed's full snapshot
+                return Step.RECOVER
+            if mode == "when_needed":
+                return Step.NEW_SLOT_AFTER_LOSS
+            raise PositionLost(slot_gone_message(state.slot, where))
         return Step.RESUME
     if slot is None:
         return Step.NEW_SLOT_STREAM if mode == "never" else Step.NEW_SLOT_SNAPSHOT
@@ -52,11 +57,16 @@ def check_slot(slot: SlotInfo, database: str) -> None:
             f"a pgoutput slot on {database!r}: set source.postgres.slot to another name")
     if slot.wal_status == "lost":
         raise PositionLost(f"replication slot {slot.name!r} has lost WAL it needs (wal_status=lost, "
-                          "max_slot_wal_keep_size exceeded): drop it and re-snapshot")
+                           f"max_slot_wal_keep_size exceeded): {RECOVER_FIX}")
 
 
 def slot_gone_message(slot: str, where: str) -> str:
     return (f"replication slot {slot!r} named by the checkpoint does not exist on {where}: "
             "the changes since the checkpoint are lost to it, and a new slot would silently skip them. "
-            "To re-snapshot: stop cdcd, move the state directory (state.path) aside and start again "
-            "(a new slot and a full snapshot); or set snapshot.mode = \"when_needed\"")
+            f"{RECOVER_FIX}")
+
+
+RECOVER_FIX = (
+    "run `cdcd recover -c CONFIG` (a new slot, the gap recorded in the landing zone, every table re-snapshotted "
+    "incrementally into the same mirror), then `cdcd run`; or set source.on_position_lost = \"resnapshot\" to "
+    "do that by itself (docs/operations.md, \"A lost position\")")

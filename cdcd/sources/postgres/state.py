@@ -13,7 +13,8 @@ Durable state (what ``fold`` returns, saved in the checkpoint)::
      "incremental": {"public.t": {...}},  # incremental snapshots (cdcd/capture/incremental/state.py)
      "tables_needing_snapshot": {"public.t": "it was dropped and re-created ..."},  # until a re-snapshot ends
      "columns": {"public.t": [["id", 1, "int4"], ...]},  # each table's columns as last landed: name, id, type
-     "column_tops": {"public.t": 4}}   # each table's largest column id ever landed
+     "column_tops": {"public.t": 4},   # each table's largest column id ever landed
+     "position_lost": {"count": 1, "last": {...}}}  # recoveries from a lost slot (cdcd/capture/recovery.py)
 
 The standby status ``flush`` sent to the server is ``flush_lsn`` of a state
 the runtime confirmed durable: never beyond the checkpoint.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.capture.incremental import INCREMENTAL_KINDS, fold_incremental
+from cdcd.capture.recovery import fold_position_lost
 from cdcd.events import ChangeBlock, ChangeEvent, Item, MarkKind, Op, RowBlock, TableSchema, event_count
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sources.postgres.types import key_text
@@ -129,6 +131,12 @@ def fold_state(state: dict[str, Any], items: Sequence[Item]) -> dict[str, Any]:
                 _fold_oids(new, item.detail)
         elif kind == MarkKind.IDENTITY:
             new["system"] = dict(item.detail)
+        elif kind == MarkKind.POSITION_LOST:  # a new slot after a lost one (cdcd/capture/recovery.py)
+            fold_position_lost(new, item)
+            new["slot"] = item.detail["slot"]
+            new["watermark"] = new["flush_lsn"] = item.detail["lsn"]
+            if snap.get("status") == "running":  # the tables it had left are re-read incrementally
+                snap["status"] = "done"
         elif kind in (MarkKind.SNAPSHOT_START, MarkKind.STREAM_START):
             new = fresh_state(item.detail["slot"], parse_lsn(item.detail["watermark"]),
                               kind == MarkKind.SNAPSHOT_START, item.detail.get("system"))

@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from cdcd.capture.contracts import Replan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.errors import PositionLost, SourceError, SourceFatal
 from cdcd.events import ChangeEvent, Item, Mark, MarkKind, Op, TableId
@@ -69,6 +70,7 @@ class PgStream:
         self.ended = f"{self.where}: the server ended the replication stream"
         self.transient: tuple[type[BaseException], ...] = (OSError, asyncio.IncompleteReadError)
         self.flush_lsn = 0  # the flush position the server hears: never beyond a durable checkpoint
+        self.replan_lost = False  # a slot gone while streaming: Replan (recovered by the planner), not PositionLost
         self.repl: ReplicationConnection | None = None
         self.lag_ms: float | None = None
         self._hb_sql: Any = None  # heartbeats get a connection of their own: asyncpg allows one query at a time
@@ -116,6 +118,8 @@ class PgStream:
                 yield item
         except PgServerError as exc:
             if exc.sqlstate == "42704" and "replication slot" in exc.server_message:
+                if self.replan_lost:  # source.on_position_lost = "resnapshot": the planner recovers on the reconnect
+                    raise Replan(f"{slot_gone_message(self._slot, self.where)}; recovering") from exc
                 raise PositionLost(slot_gone_message(self._slot, self.where)) from exc
             if exc.sqlstate == "42704" and "publication" in exc.server_message:
                 raise SourceFatal(
