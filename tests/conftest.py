@@ -39,6 +39,7 @@ SPREAD = frozenset({
     "test_spark_formats.py", "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_covered.py",
     "test_schema_changes.py",
     "test_spark_lakehouse.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_snapshot_generations.py",
+    "test_position_lost.py",
 })
 #: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
 #: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
@@ -47,7 +48,7 @@ SLOWEST_FIRST = (
     "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_kill.py",
     "test_spark_stop.py", "test_schema_changes.py",
     "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_formats.py", "test_spark_covered.py",
-    "test_incremental_snapshot.py", "test_spark_cds.py", "test_spark_types_large.py",
+    "test_incremental_snapshot.py", "test_position_lost.py", "test_spark_cds.py", "test_spark_types_large.py",
     "test_spark_mariadb.py", "test_landing_consumed.py", "test_snapshot_generations.py",
     "test_faults_network.py", "test_faults_disk.py", "test_operator_snapshot.py", "test_postgres_inprogress_crash.py",
     "test_mysql_identity.py", "test_postgres_identity.py", "test_bench_smoke.py", "test_spark_lakehouse.py",

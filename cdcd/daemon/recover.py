@@ -33,6 +33,9 @@ async def recover(config: Config) -> dict[str, Any]:
     ``NothingToRecover`` when the position is not lost, the source's error when it cannot be recovered."""
     from cdcd.sources import make_source
 
+    # Acked once landed, also with landing.ack = "consumed": the recovery must not wait for a consumer, and the
+    # landing zone keeps every batch until a consumer marked it consumed either way.
+    config = config.model_copy(update={"landing": config.landing.model_copy(update={"ack": "landed"})})
     source = make_source(config)
     source.recover_only()
     rt = Runtime(config, source=source, sink=importlib.import_module("cdcd.sinks").make_sink(config))
