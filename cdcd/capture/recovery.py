@@ -21,7 +21,7 @@ from cdcd.errors import NothingToRecover
 from cdcd.events import Mark, MarkKind, TableId
 from cdcd.positions import Position
 
-__all__ = ["Recoveries", "fold_position_lost", "nothing_to_recover"]
+__all__ = ["Recoveries", "Recovering", "fold_position_lost", "nothing_to_recover"]
 
 
 class Recoveries:
@@ -60,8 +60,27 @@ class Recoveries:
         return [Mark(MarkKind.POSITION_LOST, at, record),
                 *(Mark(MarkKind.INCREMENTAL_START, at, {"table": str(t), "where": None}) for t in tables)]
 
+    def queue(self, incremental: Any) -> None:
+        """Hand the last plan's jobs to the source's ``Incremental``: they replace the jobs the checkpoint held."""
+        if self.jobs:
+            incremental.resume(self.jobs, None)
+            self.jobs = []
+
     def status(self) -> dict[str, Any]:
         return {"recoveries": self.count, "last": self.last}
+
+
+class Recovering:
+    """``Source.recover_only`` and ``Source.recovered`` for a source that keeps its ``Recoveries`` as
+    ``_recoveries`` (listed before ``Source`` among its bases)."""
+
+    _recoveries: Recoveries
+
+    def recover_only(self) -> None:
+        self._recoveries.only = True
+
+    def recovered(self) -> dict[str, Any] | None:
+        return self._recoveries.last if self._recoveries.count else None
 
 
 def fold_position_lost(state: dict[str, Any], mark: Mark) -> None:

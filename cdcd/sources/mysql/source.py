@@ -21,9 +21,9 @@ import structlog
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
-from cdcd.capture.recovery import Recoveries, nothing_to_recover
+from cdcd.capture.recovery import Recovering
 from cdcd.config import Config
-from cdcd.errors import ConfigError, PositionLost, SourceError, SourceFatal
+from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import MySqlPosition, Position
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -32,14 +32,14 @@ from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.ddl import parse_ddl
 from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of, query_error
-from cdcd.sources.mysql.gtid import check_not_purged
 from cdcd.sources.mysql.identity import (
     BinlogFacts,
     Verdict,
 )
-from cdcd.sources.mysql.plan import Step, after_verdict, first_step, lost_problem, resume_position
+from cdcd.sources.mysql.plan import Step, after_verdict, first_step, resume_position
 from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
 from cdcd.sources.mysql.queries import quote_ident
+from cdcd.sources.mysql.recover import MyRecoveries
 from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.server import MySqlServer
 from cdcd.sources.mysql.snapshot import SnapshotTask
@@ -81,7 +81,7 @@ class _Plan:
     announce: list[Item] = field(default_factory=list)
 
 
-class MySqlSource(Source):
+class MySqlSource(Recovering, Source):
     """Binlog streaming and snapshots for MariaDB and MySQL."""
 
     def __init__(self, config: Config) -> None:
@@ -100,9 +100,7 @@ class MySqlSource(Source):
         self._incr.replaced = self._judge_mark
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
         self._resumed_at: MySqlPosition | None = None  # the checkpoint's position: marks up to it are not new
-        self._recoveries = Recoveries(config)  # a lost position: source.on_position_lost, `cdcd recover`
-        self._recovered_at: MySqlPosition | None = None  # this plan's new position after a lost one
-        self._lost = ""  # what the last judged position lost
+        self._recoveries: MyRecoveries = MyRecoveries(config, self.server)  # on_position_lost, `cdcd recover`
 
     # ------------------------------------------------------------ connect
     async def connect(self, resume: ResumePoint) -> None:
@@ -120,16 +118,14 @@ class MySqlSource(Source):
             self._incr.reader = self._chunks
             fresh = plan.fresh_snapshot or not resume.state or \
                 any(isinstance(m, Mark) and m.kind is MarkKind.STREAM_START for m in plan.announce)
-            at = self._recovered_at or self._stream.resume_pos or \
+            at = self._recoveries.at or self._stream.resume_pos or \
                 (resume.position if isinstance(resume.position, MySqlPosition) else None) \
                 or MySqlPosition.epoch_start(self.server.epoch, "")
             marks, jobs = plan_tables(resume.state or {}, sorted(self.tables), fresh, at, log)
             # the checkpoint's replaced tables stay listed (a fresh snapshot reads every table: none stands)
             stale = MySqlState.parse(resume.state or {}).stale
             self._incr.resume(jobs, None if fresh else stale_from_state(stale, sorted(self.tables)))
-            if self._recoveries.jobs:  # a recovery re-reads every table: those jobs replace the checkpoint's
-                self._incr.resume(self._recoveries.jobs, None)
-                self._recoveries.jobs = []
+            self._recoveries.queue(self._incr)  # a recovery re-reads every table
             if snapshot is not None and snapshot.fresh:
                 snapshot.then = marks  # after the snapshot's start, at its watermark
             else:
@@ -168,12 +164,8 @@ class MySqlSource(Source):
         ckpt_epoch = resume.position.epoch if isinstance(resume.position, MySqlPosition) else 0
         server.epoch = max(server.epoch, int((recorded or {}).get("epoch", 0)), ckpt_epoch)
         server.forget_due()
-        self._recovered_at = None
-        self._recoveries.loaded(resume.state or {})
         step = first_step(state, resume.position, mode)
-        if self._recoveries.only and step not in (Step.RESUME_SNAPSHOT, Step.RESUME_STREAM):
-            raise nothing_to_recover("state.path holds no checkpoint of a stream" if step is not Step.DONE
-                                     else "snapshot.mode = \"initial_only\" finished its snapshot and streams nothing")
+        self._recoveries.check_step(step, resume.state or {})
         if step is Step.STREAM_FROM_NOW:
             server.adopt(facts, None)
             wm = server.stamp((await server.current_position()).position())
@@ -191,7 +183,7 @@ class MySqlSource(Source):
                 return self._resnapshot_plan(mode, facts)
             if verdict is Step.RECOVER:
                 return await self._recover_plan(facts, resume.position)
-            self._not_lost()
+            self._recoveries.not_lost()
             assert isinstance(verdict, Verdict)
             server.adopt(facts, verdict)
             tasks = [SnapshotTask(TableId.parse(t), key_from_json(e.last_key) if e.last_key else None)
@@ -216,15 +208,10 @@ class MySqlSource(Source):
         if verdict is Step.RECOVER:
             return await self._recover_plan(facts, pos)
         assert isinstance(verdict, Verdict)
-        if server.flavor == "mysql" and server.gtid_mode and pos.gtid:
-            try:
-                check_not_purged("mysql", pos.gtid, v.get("gtid_purged", ""))
-            except PositionLost as exc:
-                if not self._recoveries.allowed:
-                    raise
-                self._lost = str(exc).split(". ", 1)[0]
-                return await self._recover_plan(facts, pos)
-        self._not_lost()
+        if server.flavor == "mysql" and server.gtid_mode and pos.gtid and \
+                self._recoveries.gtids_purged(pos.gtid, v.get("gtid_purged", "")):
+            return await self._recover_plan(facts, pos)
+        self._recoveries.not_lost()
         server.adopt(facts, verdict)
         stream.resume_from(pos)
         return _Plan(start=server.start_at(pos), announce=server.marks(server.mark_at(pos)))
@@ -234,9 +221,7 @@ class MySqlSource(Source):
         """``judge`` and ``after_verdict``: a verdict to go on with, or ``Step.RESNAPSHOT`` (fatal otherwise)."""
         verdict = self.server.judge(facts, recorded, pos, what)
         decided = after_verdict(verdict, mode, pos, facts, what, self._recoveries.allowed)
-        if decided is Step.RECOVER:
-            assert verdict is None or isinstance(verdict, str)
-            self._lost = lost_problem(verdict, pos, facts, what)
+        self._recoveries.judged(decided, verdict, pos, facts, what)
         if decided is Step.RESNAPSHOT and isinstance(verdict, str):
             log.warning("the checkpoint's binlog position is lost; snapshot.mode = when_needed takes a new snapshot",
                         problem=verdict)
@@ -252,26 +237,9 @@ class MySqlSource(Source):
         return self._fresh_snapshot_plan(mode)
 
     async def _recover_plan(self, facts: BinlogFacts, before: Position | None) -> _Plan:
-        """Stream from the server's current position in a new epoch (it sorts above everything landed, also after a
-        RESET MASTER); the gap and a whole-table re-snapshot of every table go out first."""
-        server = self.server
-        server.history = server.history.successor()  # the columns keep their ids (a consumer matches them by id)
-        server.epoch += 1
-        server.adopt(facts, None)
-        at = server.stamp((await server.current_position()).position())
-        self._recovered_at = at
-        marks = self._recoveries.plan(sorted(self.tables), at, self._lost, before, log)
-        return _Plan(start=server.start_at(at), announce=[*server.marks(at), *marks])
-
-    def _not_lost(self) -> None:
-        if self._recoveries.only:
-            raise nothing_to_recover(f"the binlog on {self.server.where} still holds the checkpoint's position")
-
-    def recover_only(self) -> None:
-        self._recoveries.only = True
-
-    def recovered(self) -> dict[str, Any] | None:
-        return self._recoveries.last if self._recoveries.count else None
+        """Stream from the server's current position in a new epoch, after the recovery's marks."""
+        at, announce = await self._recoveries.take(facts, sorted(self.tables), before, log)
+        return _Plan(start=self.server.start_at(at), announce=announce)
 
     def _fresh_snapshot_plan(self, mode: str) -> _Plan:
         tasks = [SnapshotTask(t) for t in sorted(self.tables)]

@@ -20,7 +20,7 @@ import structlog
 from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import plan_tables, stale_from_state
-from cdcd.capture.recovery import Recoveries
+from cdcd.capture.recovery import Recovering
 from cdcd.config import Config
 from cdcd.errors import PositionLost, SourceError, SourceFatal, reason
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -32,8 +32,8 @@ from cdcd.sources.postgres.chunks import PgChunkReader
 from cdcd.sources.postgres.connection import connect_params
 from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.inprogress import InProgress, spool_dir
-from cdcd.sources.postgres.plan import Step, check_slot, decide
-from cdcd.sources.postgres.recover import new_slot, not_lost
+from cdcd.sources.postgres.plan import Step, decide
+from cdcd.sources.postgres.recover import PgRecoveries, not_lost
 from cdcd.sources.postgres.requests import PgRequests
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
 from cdcd.sources.postgres.stream import PgStream
@@ -53,7 +53,7 @@ HISTORY_FIX = (
 )
 
 
-class PostgresSource(Source):
+class PostgresSource(Recovering, Source):
     kind = "postgres"
 
     def __init__(self, config: Config) -> None:
@@ -86,7 +86,7 @@ class PostgresSource(Source):
         self._system: dict[str, Any] | None = None  # the server identity the checkpoint records (identity.py)
         self._announce: list[Item] = []  # Marks to emit before anything else (a new identity record)
         self._resume_position: PgPosition | None = None  # the checkpoint's position at connect
-        self._recoveries = Recoveries(config)  # a lost slot: source.on_position_lost, `cdcd recover`
+        self._recoveries: PgRecoveries = PgRecoveries(config, self._params, self._slot)  # on_position_lost, recover
         self._stream.replan_lost = config.source.on_position_lost == "resnapshot"  # a slot lost while streaming
         self._requests = PgRequests(config, self._t, self._publication, self._incr, self._chunks, self._stream,
                                     self._last_position, lambda: self._stream_changes)
@@ -148,23 +148,12 @@ class PostgresSource(Source):
             present = [t for t in self._t.tables if t in self._t.infos]
             await catalog.ensure_publication(self._t.sql, self._publication, present, self._t.infos)
             slot = await catalog.slot_info(self._t.sql, self._slot)
-        lost = None  # a slot that lost its WAL, to drop for the recovery
-        if slot is not None:
-            try:
-                check_slot(slot, self._params.database)
-            except PositionLost:
-                if not (self._recoveries.allowed and state.slot):
-                    raise
-                lost = f"replication slot {slot.name!r} lost WAL it needs (wal_status = lost) on {self._params.where}"
-                slot = None
+        slot, lost = self._recoveries.judge(slot, state)  # lost: a slot that lost its WAL, dropped to recover
         self._recoveries.loaded(resume.state or {})
         step = decide(state, slot, self._slot, self._mode, self._params.where, self._recoveries.allowed)
         if self._recoveries.only and step is not Step.RECOVER:
             if step is Step.RESUME:  # a server restored or replaced is no lost slot: its own error and fix
-                self._system = state.system
-                if isinstance(resume.position, PgPosition):
-                    self._resume_position = resume.position
-                await self._verify_system(None)
+                await self._verify_resumed(state, resume)
             raise not_lost(step, slot, self._slot)
         if step is Step.RECOVER:
             await self._recover(state, resume, lost)
@@ -223,24 +212,18 @@ class PostgresSource(Source):
 
     async def _recover(self, state: PgState, resume: ResumePoint, lost: str | None) -> None:
         """A new slot where the lost one was; the gap and a whole-table re-snapshot of every table go out first."""
+        changed = await self._verify_resumed(state, resume)  # a restored or replaced server is no lost slot
+        at, marks = await self._recoveries.take(self._t.sql, state, lost, resume.position, self._t.tables, log)
+        self._watermark = self._resume_position = at
+        self._stream.flush_lsn = at.lsn
+        self._announce = [*([Mark(MarkKind.IDENTITY, at, dict(self._system or {}))] if changed else []), *marks]
+
+    async def _verify_resumed(self, state: PgState, resume: ResumePoint) -> bool:
+        """``_verify_system`` against the checkpoint's identity and position."""
         self._system = state.system
         if isinstance(resume.position, PgPosition):
             self._resume_position = resume.position
-        changed = await self._verify_system(None)  # a restored or replaced server is no lost slot: refused
-        lsn = await new_slot(self._params, self._t.sql, self._slot, drop=lost is not None)
-        at = PgPosition(lsn, 0)
-        self._watermark = self._resume_position = at
-        self._stream.flush_lsn = lsn
-        what = lost or f"replication slot {state.slot!r} does not exist on {self._params.where}"
-        self._announce = [*([Mark(MarkKind.IDENTITY, at, dict(self._system or {}))] if changed else []),
-                          *self._recoveries.plan(self._t.tables, at, what, resume.position, log, slot=self._slot,
-                                                 lsn=format_lsn(lsn))]
-
-    def recover_only(self) -> None:
-        self._recoveries.only = True
-
-    def recovered(self) -> dict[str, Any] | None:
-        return self._recoveries.last if self._recoveries.count else None
+        return await self._verify_system(None)
 
     def _last_position(self) -> PgPosition:
         """Where a mark of the running stream goes: the last delivered position, else where the run began."""
@@ -259,9 +242,7 @@ class PostgresSource(Source):
         self._chunks.joined.update(j.table for j in jobs if j.started)
         # a fresh start snapshots every table: no flag of the old state stands
         self._incr.resume(jobs, None if fresh else stale_from_state(PgState.parse(state).stale, self._t.tables))
-        if self._recoveries.jobs:  # a recovery re-reads every table: those jobs replace the checkpoint's
-            self._incr.resume(self._recoveries.jobs, None)
-            self._recoveries.jobs = []
+        self._recoveries.queue(self._incr)  # a recovery re-reads every table
         self._incr.dropped = set()
         if fresh:  # the start mark carries the table list (``_begin``); nothing else is due
             return []
