@@ -44,6 +44,7 @@ from cdcd.spark.adopt import adopt, one_version, same_columns
 from cdcd.spark.collapse import Prepared, conformed
 from cdcd.spark.lakehouse import CommitRecord, Lakehouse, Statements, in_key_ranges, register, timed_call
 from cdcd.spark.lakehouse_ddl import mirror_schema
+from cdcd.spark.schemalog import CDC_SCHEMA_CHANGE
 from cdcd.spark.strategy import Applied
 from cdcd.spark.widening import lossless
 
@@ -251,7 +252,9 @@ class Delta(Lakehouse):
                          files: list[LandedFile], p: Prepared, log_schema: StructType, seq: int,
                          took: dict[str, float]) -> Future[None] | None:
         location = self.location("changelog", schema, table)
-        if (one_version(files) and same_columns(p.events.schema, log_schema)
+        # the schema-change rows' column (cdcd.spark.schemalog) is NULL in every event row: files without it do
+        events_columns = StructType([f for f in log_schema.fields if f.name != CDC_SCHEMA_CHANGE])
+        if (one_version(files) and same_columns(p.events.schema, events_columns)
                 and self._own_names(spark, location, log_schema)):
             # the landed files are the change-log's rows as they are: no Spark write (cdcd.spark.adopt)
             return pool.submit(timed_call, took, "changelog", adopt, spark, location, files, "cdcd-changelog", seq)

@@ -45,6 +45,8 @@ _log = get_logger("cdcd.spark")
 #: column's new type, e.g. ``'cdcd.rewrite.qty' = 'int'`` (docs/spark.md, "Schema changes").
 REWRITE_PROPERTY = "cdcd.rewrite."
 MIRROR, CHANGELOG = "tables", "changelog"
+#: A column renamed in a circle of renames (two columns swap names) stands aside under ``_cdc_renaming_<name>``.
+RENAMING_PREFIX = "_cdc_renaming_"
 
 
 class SchemaChangeRefused(CdcdError):
@@ -132,12 +134,26 @@ def reconcile(fmt: Dialect, t: Target, have: StructType, ident: Identity | None)
             aside = old_name(f.name, was)
             out += [*renaming(), _rename(t.table, f.name, aside)]
             fields[at] = StructField(aside, f.dataType, f.nullable, f.metadata)
-    for i, f in enumerate(fields):  # step 3: renames
-        was = tag_of(f).id
-        new = names.get(was) if was is not None else None
-        if new is not None and new != f.name and index(new) is None:
-            out += [*renaming(), _rename(t.table, f.name, new)]
-            fields[i] = StructField(new, f.dataType, f.nullable, f.metadata)
+    # step 3: renames, each once its new name is free; a circle of names (a swap) through a name of its own
+    wanted = {f.name: new for f in fields
+              if (was := tag_of(f).id) is not None and (new := names.get(was)) is not None and new != f.name}
+    while wanted:
+        ready = next(((name, new) for name, new in wanted.items() if index(new) is None), None)
+        if ready is None:
+            stuck = [name for name, new in wanted.items() if new not in wanted]  # held by a column that stays
+            for name in stuck:
+                del wanted[name]
+            if stuck:
+                continue
+            name = next(iter(wanted))
+            ready = name, RENAMING_PREFIX + name  # steps aside; its rename to the name it wants follows
+            wanted[ready[1]] = wanted[name]
+        name, new = ready
+        del wanted[name]
+        at = index(name)
+        assert at is not None
+        out += [*renaming(), _rename(t.table, name, new)]
+        fields[at] = StructField(new, fields[at].dataType, fields[at].nullable, fields[at].metadata)
     return out, StructType(fields)
 
 

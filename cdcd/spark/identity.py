@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, DataType, StructField, StructType
 
-from cdcd.landing.columns import CDC_SCHEMA_VERSION
+from cdcd.landing.columns import CDC_BEFORE_KEY, CDC_SCHEMA_VERSION
 from cdcd.landing.manifest import ColumnEntry
 from cdcd.landing.reader import LandedFile
 from cdcd.spark.lakehouse_sql import literal, q, sql_type
@@ -138,7 +138,10 @@ def read_by_identity(spark: SparkSession, files: list[LandedFile], fill: bool) -
         picks: list[Column] = []
         present: set[str] = set()
         for f in df.schema.fields:
-            picks.append(_renamed(f, entries.get(f.name), ids, names, types, present))
+            if f.name == CDC_BEFORE_KEY and isinstance(f.dataType, StructType):
+                picks.append(_before_key(f.dataType, entries, ids, types.get(CDC_BEFORE_KEY)))
+            else:
+                picks.append(_renamed(f, entries.get(f.name), ids, names, types, present))
         for c in ident.latest if fill else ():
             if c.fill is not None and c.name not in present and c.name in types:
                 picks.append(F.expr(fill_sql(c, types[c.name])).alias(c.name))
@@ -146,6 +149,21 @@ def read_by_identity(spark: SparkSession, files: list[LandedFile], fill: bool) -
         out = shaped if out is None else out.unionByName(shaped, allowMissingColumns=True)
     assert out is not None
     return out
+
+
+def _before_key(old: StructType, entries: dict[str, ColumnEntry], ids: dict[int, str], want: DataType | None) -> Column:
+    """An older version's old keys (an update that changed the key) under the latest names and types: a key column
+    renamed in the merge must still find the mirror row of the old key."""
+    types = {f.name: f.dataType for f in want.fields} if isinstance(want, StructType) else {}
+    parts = []
+    for f in old.fields:
+        e = entries.get(f.name)
+        new = ids.get(e.id, f.name) if e is not None and e.id is not None else f.name
+        value = F.col(CDC_BEFORE_KEY).getField(f.name)
+        if (dt := types.get(new)) is not None and dt != f.dataType and lossless(f.dataType, dt):
+            value = value.cast(dt)
+        parts.append(value.alias(new))
+    return F.when(F.col(CDC_BEFORE_KEY).isNotNull(), F.struct(*parts)).alias(CDC_BEFORE_KEY)
 
 
 def _renamed(f: StructField, e: ColumnEntry | None, ids: dict[int, str], names: set[str], types: dict[str, DataType],
@@ -195,19 +213,34 @@ def older_rows_filled(events: DataFrame, files: list[LandedFile], ident: Identit
 def mirror_rows_by_identity(rows: DataFrame, before: list[list[str]], ident: Identity,
                             types: dict[str, DataType]) -> DataFrame:
     """The mirror's rows as written under its previous columns (``before``, the state's), under the latest
-    version's: a renamed column under its new name, a column whose name a new one took dropped, a column new to
-    the mirror with its fill."""
-    old_ids = {c[0]: int(c[2]) for c in before if len(c) > 2} or ident.first
+    version's: renamed and dropped as ``mirror_renamed`` says, a column new to the mirror with its fill."""
+    rows = mirror_renamed(rows, {c[0]: int(c[2]) for c in before if len(c) > 2} or ident.first, ident)
+    for c in ident.latest:
+        if c.fill is not None and c.name not in rows.columns and c.name in types:
+            rows = rows.withColumn(c.name, F.expr(fill_sql(c, types[c.name])))
+    return rows
+
+
+def tagged_ids(schema: StructType) -> dict[str, int]:
+    """A Delta Lake / Iceberg table's columns that carry their id (``Tag``): name -> id."""
+    return {f.name: i for f in schema.fields if (i := tag_of(f).id) is not None}
+
+
+def mirror_renamed(rows: DataFrame, old_ids: dict[str, int], ident: Identity) -> DataFrame:
+    """Rows of the mirror as it is (``old_ids``: its columns' ids) under the latest version's names: a renamed
+    column under its new name (all at once: two columns may swap names), a column whose name a new column (another
+    id) took dropped: dropped at the source, the new column of that name starts empty."""
     names, latest = ident.names, {c.name for c in ident.latest}
+    renamed: dict[str, str] = {}
     for name, was in old_ids.items():
         if name not in rows.columns:
             continue
         now, taken = names.get(was), ident.entry(name)
-        if now is not None and now != name and now not in rows.columns:
-            rows = rows.withColumnRenamed(name, now)
+        if now is not None and now != name:
+            renamed[name] = now
         elif now is None and name in latest and taken is not None and taken.id is not None:
-            rows = rows.drop(name)  # dropped at the source; the new column of that name starts empty
-    for c in ident.latest:
-        if c.fill is not None and c.name not in rows.columns and c.name in types:
-            rows = rows.withColumn(c.name, F.expr(fill_sql(c, types[c.name])))
+            rows = rows.drop(name)
+    if renamed:
+        rows = rows.select(*[F.col(q(c)).alias(renamed.get(c, c)) for c in rows.columns
+                             if c in renamed or c not in renamed.values()])
     return rows

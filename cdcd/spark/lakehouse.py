@@ -36,7 +36,7 @@ from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, new_events, prepare, release
 from cdcd.spark.evolve import CHANGELOG, MIRROR, Target
 from cdcd.spark.held import Held
-from cdcd.spark.identity import Identity, Tag, identity, tagged
+from cdcd.spark.identity import Identity, Tag, identity, mirror_renamed, tagged, tagged_ids
 from cdcd.spark.lakehouse_ddl import changelog_schema, mirror_schema
 from cdcd.spark.session import FORMAT_SETTINGS, session
 from cdcd.spark.state import TableState
@@ -161,7 +161,11 @@ def apply_lakehouse_table(spark: SparkSession, fmt: Lakehouse, schema: str, tabl
     record = held if held is not None else Held()
     with timed(took, "prepare"):
         mirror_have = table_schema(spark, fmt, "tables", schema, table)
-        target = spark.table(fmt.mirror(schema, table)) if mirror_have is not None else None
+        target = None
+        if mirror_have is not None:  # its rows of moved keys take part in the rule: under the latest names
+            ident = identity(files)
+            target = mirror_renamed(spark.table(fmt.mirror(schema, table)),
+                                    {**ident.first, **tagged_ids(mirror_have)}, ident)
         p = prepare(spark, files, prev.watermark, target)
     try:
         last_pos = max(f.entry.last_position for f in files)

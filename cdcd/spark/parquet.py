@@ -20,13 +20,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
 
-from cdcd.landing.columns import CDC_BATCH, CDC_BEFORE_KEY, CDC_INDEX, CDC_OP, CDC_POS, CDC_SNAPSHOT, CDC_UNAVAILABLE
+from cdcd.landing.columns import (
+    CDC_BATCH,
+    CDC_BEFORE_KEY,
+    CDC_INDEX,
+    CDC_OP,
+    CDC_POS,
+    CDC_SNAPSHOT,
+    CDC_UNAVAILABLE,
+    META_FIELDS,
+)
 from cdcd.landing.reader import LandedFile
+from cdcd.spark import schemalog
 from cdcd.spark.identity import (
     identity,
     mirror_rows_by_identity,
@@ -358,6 +371,42 @@ def rewrite_parquet(spark: SparkSession, table_dir: Path, prev: TableState, belo
     return replace(prev, rows=rows), swaps
 
 
+def _logged_positions(log_dir: Path, op: str) -> list[str]:
+    """The positions of a change-log's rows of ``op``, read with pyarrow: its files keep the types each merge
+    wrote (a widened column's older files another type), which Spark's schema merging refuses."""
+    fields = [f for f in META_FIELDS if f.name in (CDC_OP, CDC_POS)]
+    table = ds.dataset(log_dir, schema=pa.schema(fields)).to_table(filter=pc.field(CDC_OP) == op)
+    return [str(p) for p in table.column(CDC_POS).to_pylist()]
+
+
+def _schema_change_rows(segment: Segment, tables: dict[str, TableState], store: TargetStore,
+                        work: Path) -> list[tuple[str, str]]:
+    """The segment's schema changes as change-log rows (``cdcd.spark.schemalog``): one staged file per table,
+    moved into its change-log by the journal with the events. A change at or below the watermark (landed again
+    after a daemon's crash) that the change-log holds already is left out."""
+    staged: list[tuple[str, str]] = []
+    for (schema, name), changes in sorted(schemalog.changes_by_table(segment.batches, tables).items()):
+        table = f"{schema}.{name}"
+        log_dir = store.changelog_dir(table)
+        if not any(log_dir.glob("*.parquet")) and (schema, name) not in segment.tables():
+            continue  # no row of the table applied yet: its first rows carry the schema as it is (as on Delta)
+        rows = schemalog.change_rows(table, changes)
+        watermark = tables[table].watermark if table in tables else ""
+        if watermark and any(r[CDC_POS] <= watermark for r in rows) and any(log_dir.glob("*.parquet")):
+            logged = set(_logged_positions(log_dir, schemalog.SCHEMA_OP))
+            rows = [r for r in rows if r[CDC_POS] not in logged]
+        if not rows:
+            continue
+        fields = [f for f in META_FIELDS if f.name in rows[0]] + [pa.field(schemalog.CDC_SCHEMA_CHANGE, pa.string())]
+        arrow = pa.schema(fields)
+        path = work / f"schema-{schema}.{name}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows, arrow), path)
+        seq = min(r[CDC_BATCH] for r in rows)
+        staged.append((str(path), str(log_dir / f"{seq:020d}-{uuid.uuid4().hex[:12]}-schema.parquet")))
+    return staged
+
+
 class Parquet:
     """``--format parquet``: each table of a segment through ``apply_table``; the job's journal swaps them in."""
 
@@ -383,6 +432,7 @@ class Parquet:
             out.timings[table] = r.timings
             out.files += r.files
             out.buckets += r.buckets
+        out.files += _schema_change_rows(segment, tables, self.store, work)
         for (schema, name), c in sorted(cover.items()):  # covered tables without events in the segment
             table = f"{schema}.{name}"
             if table in tables:

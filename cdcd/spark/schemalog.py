@@ -60,7 +60,7 @@ def changes_by_table(batches: Sequence[tuple[int, Manifest]],
             state = mirrored.get(f"{r.schema}.{r.name}")
             old: list[dict[str, Any]] | None = (
                 [c.to_json() for c in max(older, key=lambda v: v[0])[1]] if older
-                else [{"name": n, "type": t} for n, t in state.columns] if state is not None and state.columns
+                else [{"name": c[0], "type": c[1]} for c in state.columns] if state is not None and state.columns
                 else None)
             out.setdefault((r.schema, r.name), []).append((seq, describe(r, old)))
     return out
@@ -80,15 +80,7 @@ def apply_schema_changes(spark: SparkSession, changelog: str, name: str,
         spark.sql(f"ALTER TABLE {changelog} ADD COLUMNS ({sql.q(CDC_SCHEMA_CHANGE)} STRING)")
         have = spark.table(changelog).schema
     schema = StructType([StructField(f.name, f.dataType, True) for f in have.fields])
-    rows = []
-    for index, (seq, change) in enumerate(changes):
-        doc = json.loads(change)
-        _log.info("table schema changed", table=name, version=doc["version"], position=doc["position"],
-                  statement=doc["statement"], columns=[c["name"] for c in doc["columns"]])
-        values: dict[str, Any] = {CDC_OP: SCHEMA_OP, CDC_POS: doc["position"], CDC_SCHEMA_VERSION: doc["version"],
-                                  CDC_SNAPSHOT: False, CDC_UNAVAILABLE: [], CDC_BATCH: seq, CDC_INDEX: -1 - index,
-                                  CDC_SCHEMA_CHANGE: change}
-        rows.append(tuple(values.get(f.name) for f in schema.fields))
+    rows = [tuple(values.get(f.name) for f in schema.fields) for values in change_rows(name, changes)]
     view = f"cdcd_schema_{uuid.uuid4().hex[:12]}"
     spark.createDataFrame(rows, schema).createOrReplaceTempView(view)
     try:
@@ -96,6 +88,19 @@ def apply_schema_changes(spark: SparkSession, changelog: str, name: str,
         spark.sql(sql.changelog_merge(changelog, view, (), schema.fieldNames(), min(positions), max(positions)))
     finally:
         spark.catalog.dropTempView(view)
+
+
+def change_rows(name: str, changes: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    """The ``'s'`` rows of a table's changes (their ``_cdc_*`` columns; the table's are NULL), each logged."""
+    rows = []
+    for index, (seq, change) in enumerate(changes):
+        doc = json.loads(change)
+        _log.info("table schema changed", table=name, version=doc["version"], position=doc["position"],
+                  statement=doc["statement"], columns=[c["name"] for c in doc["columns"]])
+        rows.append({CDC_OP: SCHEMA_OP, CDC_POS: doc["position"], CDC_SCHEMA_VERSION: doc["version"],
+                     CDC_SNAPSHOT: False, CDC_UNAVAILABLE: [], CDC_BATCH: seq, CDC_INDEX: -1 - index,
+                     CDC_SCHEMA_CHANGE: change})
+    return rows
 
 
 class _Tables(Protocol):

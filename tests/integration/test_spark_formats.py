@@ -11,11 +11,13 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import test_spark_consumer
 from test_spark_consumer import FORMATS, V2, ev, land, mirror, row, rows_of
 
-from cdcd.events import ChangeEvent, Op
+from cdcd.events import ChangeEvent, Column, Mark, MarkKind, Op, TableSchema
+from cdcd.positions import PgPosition
 from cdcd.spark.job import MergeFailed
 
 pytestmark = pytest.mark.spark
@@ -195,6 +197,23 @@ async def test_new_delta_tables_take_the_landed_files_as_they_are(spark: object,
     assert values(target) == {1: (Decimal("9.00"), big(1)), **{i: (Decimal(f"{i}.50"), big(i)) for i in (3, 4, 5)}}
     assert mirror(target, TABLE)[1]["note"] == "n" and mirror(target, TABLE)[3]["note"] is None
     assert len(rows_of(target, TABLE, "changelog")) == 7
+
+    # a recorded schema change gives the change-log its schema-change column (cdcd.spark.schemalog), which the
+    # landed files lack: the files of later batches still join it as they are
+    v3 = TableSchema(V2.table, (*V2.columns, Column("more", pa.string(), "text")), V2.key, version=3)
+    await land(landing, [[Mark(MarkKind.SCHEMA, PgPosition(300, 0), {"table": "public.orders", "change": v3,
+                                                                     "ddl": None}),
+                          ev(Op.CREATE, 300, 1, schema=v3, after=row(6, big=big(6), note="n6", more="m6"))]], [4])
+    apply(landing, target, "delta")
+    before = {p.stem for p in (landing / "data").glob("*.parquet")}
+    await land(landing, [[ev(Op.CREATE, 400, 1, schema=v3, after=row(7, big=big(7), note="n7", more="m7"))]], [5])
+    apply(landing, target, "delta")
+    (fifth,) = {p.stem for p in (landing / "data").glob("*.parquet")} - before
+    log = delta_adds(names.location("changelog", "public", "orders"))
+    assert any(p.rsplit("-", 1)[0] == fifth for p in log), log
+    events = rows_of(target, TABLE, "changelog")
+    assert [(r["id"], r["more"], r["_cdc_schema_change"]) for r in events if r["id"] == 7] == [(7, "m7", None)]
+    assert [r["_cdc_op"] for r in events].count("s") == 1
 
 
 async def test_the_record_of_applied_batches_follows_the_consumers_commits_and_a_failure(

@@ -138,6 +138,18 @@ async def test_schema_changes_by_column_identity(
     assert "label" not in kept[0] and "_cdc_old_extra_6" not in kept[0]
     assert isinstance(kept[0]["qty"], int)
     if fmt == "parquet":  # its change-log keeps each merge's files as written (docs/spark.md); no refusal
+        def marks() -> list[tuple[str, int]]:  # each merge's files as written: read with one schema of our own
+            import pyarrow.dataset as ds
+
+            cdc = pa.schema([("_cdc_op", pa.string()), ("_cdc_pos", pa.string()), ("_cdc_schema_version", pa.int64())])
+            log = ds.dataset(target / "changelog" / "public.items", schema=cdc).to_table().to_pylist()
+            return sorted((r["_cdc_pos"], r["_cdc_schema_version"]) for r in log if r["_cdc_op"] == "s")
+
+        want = [(PgPosition(300, 0).encoded, 2), (PgPosition(400, 0).encoded, 3), (PgPosition(500, 0).encoded, 4)]
+        assert marks() == want
+        await land(landing, [[changed(500, V4)]], [5])  # landed again (a daemon's crash): not logged twice
+        assert apply(landing, target, fmt) == 0
+        assert marks() == want
         return
     log = sorted((r["id"], r["title"], r["_cdc_old_extra_6"], r["flag"], r["extra"])
                  for r in rows_of(target, "public.items", "changelog") if r["_cdc_op"] != "s")
@@ -192,6 +204,34 @@ async def test_schema_changes_by_column_identity(
                 if r["id"] == 4]
     assert sorted(log_of_4, key=str) == sorted([(None, "t4"), (44, None)], key=str)
     assert set(mirror(target, "public.other")) == {1}
+
+
+PAIRS = TableId("public", "pairs")
+P1 = TableSchema(PAIRS, (Column("id", pa.int64(), "bigint", False, id=1), Column("a", pa.string(), "text", id=2),
+                         Column("b", pa.string(), "text", id=3)), ("id",), version=1)
+P2 = TableSchema(PAIRS, (Column("item_id", pa.int64(), "bigint", False, id=1),  # the key renamed
+                         Column("b", pa.string(), "text", id=2), Column("a", pa.string(), "text", id=3)),  # a <-> b
+                 ("item_id",), version=2)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
+async def test_a_renamed_key_and_two_columns_that_swap_names(spark: SparkSession, tmp_path: Path, fmt: str) -> None:
+    """In one merge: a key change landed before the key column's rename (its old key under the old name) and two
+    columns that swap names. The old key's row goes; every value stays with its column's identity."""
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    await land(landing, [[ev(Op.READ, 100, 0, P1, after={"id": i, "a": f"a{i}", "b": f"b{i}"}, snapshot=True)
+                          for i in (1, 2, 3)]], [1])
+    assert apply(landing, target, fmt) == 0
+    await land(landing, [[
+        ev(Op.UPDATE, 200, 1, P1, before={"id": 2}, after={"id": 20, "a": "a2", "b": "b2"}),  # the key changes
+        changed(300, P2, "ALTER TABLE pairs RENAME id TO item_id, RENAME a TO t, RENAME b TO a, RENAME t TO b"),
+        ev(Op.UPDATE, 300, 1, P2, before={"item_id": 3}, after={"item_id": 3, "b": "a3x", "a": "b3"}),
+        ev(Op.CREATE, 300, 2, P2, after={"item_id": 4, "b": "a4", "a": "b4"})]], [2])
+    assert apply(landing, target, fmt) == 0
+    rows = rows_of(target, "public.pairs")
+    assert {r["item_id"]: (r["b"], r["a"]) for r in rows} == {
+        1: ("a1", "b1"), 20: ("a2", "b2"), 3: ("a3x", "b3"), 4: ("a4", "b4")}, rows
+    assert len(rows) == 4 and "id" not in rows[0]
 
 
 def test_which_type_changes_each_format_makes_in_place() -> None:
