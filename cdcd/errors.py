@@ -35,6 +35,11 @@ class SourceError(CdcdError):
     """A source failed in a way that a reconnect may cure."""
 
 
+class SourceUnavailable(SourceError):
+    """The source cannot be reached now (connection refused, lost or silent): retried with the backoff by
+    whatever was asking (the stream, a snapshot chunk, a table reload) until runtime.source_retry_timeout_s."""
+
+
 class SourceFatal(SourceError):
     """A source failed in a way no retry can cure (slot gone, binlog purged, auth)."""
 

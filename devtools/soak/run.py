@@ -332,6 +332,26 @@ class Soak:
                 self.proxy.close()
             self.source.stop()
 
+    def settle_reloads(self) -> None:
+        """Every table the config lists is captured before the fences go in. A reload the daemon gave up on (past
+        its retry budget; /status keeps ``table_reload_error``) is sent again, as the operator would."""
+        want = {self.source.table_id(t) for t in self.captured}
+
+        resent: list[str] = []
+
+        def captured() -> bool:
+            src = self.status().get("source") or {}
+            if want <= set(src.get("tables") or ()):
+                return True
+            error = src.get("table_reload_error")
+            if error and error not in resent:  # each failure once: the daemon retries an outage by itself
+                resent.append(error)
+                self.notes.append(f"{self.elapsed()}: reload failed ({error[:160]}); sent again")
+                self.cli("tables", "reload", "-c", str(self.config_path))
+            return False
+
+        wait_for(f"the daemon to capture {sorted(want)}", captured, 300, step=2.0)
+
     def finish(self) -> tuple[bool, str]:
         say(f"{self.source.kind}: workload stops; catching up")
         self.workload.finish()
@@ -344,6 +364,7 @@ class Soak:
         for p in (self.daemon, self.consumer):
             if not p.running():
                 p.start()
+        self.settle_reloads()
         # fences: one new row per captured table; once each has landed, the stream is past the workload
         fences = {t: 10**12 + i for i, t in enumerate(self.captured)}
         for t, fid in fences.items():

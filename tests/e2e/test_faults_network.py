@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -29,6 +30,7 @@ import pymysql
 import pytest
 from daemon_harness import DaemonHarness
 from faultproxy import FaultProxy
+from support.landed import landed_ids
 
 from cdcd.landing.reader import landed_seqs, mark_consumed, read_batch
 from devtools.servers import MariaDBServer, PostgresServer, binary, free_port, service_user, wait_port
@@ -424,3 +426,34 @@ def test_pg_outage_longer_than_the_retry_budget_exits_4(pg: PgSetup) -> None:
 def test_mariadb_outage_longer_than_the_retry_budget_exits_4(maria: MariaSetup) -> None:
     log = _outage_beyond_the_budget(maria)
     assert "has failed for" in log and "runtime.source_retry_timeout_s = 5" in log, log[-3000:]
+
+
+def _reload_during_an_outage(s: Setup, added: str) -> None:
+    """A table added (SIGHUP) while the source is unreachable: the reload is retried with the backoff and applies
+    once the source answers, like the stream; it is not dropped with an error while the config file lists it."""
+    s.execute("CREATE TABLE t2 (id INT PRIMARY KEY, v INT, note VARCHAR(20));"
+              "INSERT INTO t2 VALUES (1, 1, 'a'), (2, 2, 'b'), (3, 3, 'c')")
+    proc = s.run("landed")
+    s.wait("the snapshot landed", lambda: s.landed.count() >= ROWS)
+    cfg = s.tmp / "cdcd-0.toml"
+    text = cfg.read_text()
+    assert f'tables = ["{s.table_name}"]' in text
+    cfg.write_text(text.replace(f'tables = ["{s.table_name}"]', f'tables = ["{s.table_name}", "{added}"]'))
+    s.proxy.refuse(8)
+    assert s.proxy.reset() >= 1
+    proc.send_signal(signal.SIGHUP)
+    s.wait("the reload met the outage", lambda: "table reload interrupted; retrying" in s.log.read_text())
+    s.wait("the added table captured once the source answers", lambda: added in s.status()["source"]["tables"],
+           timeout=120)
+    s.execute("INSERT INTO t2 VALUES (4, 4, 'streamed')")
+    s.wait("its rows and a streamed one landed", lambda: landed_ids(s.landing, added) == {1, 2, 3, 4}, timeout=120)
+    assert "table_reload_error" not in s.status()["source"]
+    assert proc.poll() is None
+
+
+def test_pg_table_reload_during_an_outage_applies_once_the_source_returns(pg: PgSetup) -> None:
+    _reload_during_an_outage(pg, "public.t2")
+
+
+def test_mariadb_table_reload_during_an_outage_applies_once_the_source_returns(maria: MariaSetup) -> None:
+    _reload_during_an_outage(maria, f"{maria.db}.t2")

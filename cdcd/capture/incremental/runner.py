@@ -11,7 +11,7 @@ from typing import Any
 
 from cdcd.capture.incremental.window import Chunk, ChunkReader, SnapshotJob, Window, partial_key_changes
 from cdcd.config import Config
-from cdcd.errors import CdcdError, SourceError
+from cdcd.errors import CdcdError, SourceError, SourceUnavailable
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, TableId, TableSchema
 from cdcd.positions import Position
 from cdcd.retry import source_backoff
@@ -258,9 +258,10 @@ class Incremental:
                     raise
                 except Exception as exc:  # a reload that cannot be done (a publication cdcd may not change):
                     # the stream goes on with the tables it had; the error is logged and in /status. A driver's
-                    # error (a connection closed by a reconnect, a server restarting) is retried with the backoff
-                    # (SourceFatal once runtime.source_retry_timeout_s is spent: then the reload failed).
-                    if not isinstance(exc, CdcdError):
+                    # error (a connection closed by a reconnect, a server restarting) and a source that cannot be
+                    # reached (SourceUnavailable) are retried with the backoff (SourceFatal once
+                    # runtime.source_retry_timeout_s is spent: then the reload failed).
+                    if not isinstance(exc, CdcdError) or isinstance(exc, SourceUnavailable):
                         try:
                             delay = retry.failure(exc)
                         except SourceError as gave_up:

@@ -18,8 +18,9 @@ from typing import Any
 import aiomysql
 
 from cdcd.config import Config
-from cdcd.errors import SourceError, reason
+from cdcd.errors import SourceError, SourceUnavailable, reason
 from cdcd.sockets import keepalive_transport
+from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of
 from cdcd.sources.mysql.tls import Tls, TlsError
 
 
@@ -78,7 +79,10 @@ async def open_connection(settings: dict[str, Any], tls: Tls | None = None) -> a
         tls_exc = tls.explain(exc)
         if tls_exc is not None:
             raise tls_exc from exc
-        raise SourceError(f"cannot connect to {settings['host']}:{settings['port']}: {reason(exc)}") from exc
+        code = code_of(exc)
+        # refused, reset or silent (2000-2999, the client's codes; or a server restarting): it may come back
+        cls = SourceUnavailable if code is None or 2000 <= code < 3000 or code in TRANSIENT_CODES else SourceError
+        raise cls(f"cannot connect to {settings['host']}:{settings['port']}: {reason(exc)}") from exc
     keepalive_transport(getattr(getattr(conn, "_writer", None), "transport", None))
     async with conn.cursor() as cur:
         await cur.execute("SET SESSION time_zone = '+00:00'")

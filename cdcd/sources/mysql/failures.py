@@ -13,7 +13,7 @@ import asyncio
 
 import pymysql
 
-from cdcd.errors import SourceError, SourceFatal
+from cdcd.errors import SourceError, SourceFatal, SourceUnavailable
 
 #: Server and client error codes that mean the connection or the server went away, or a wait ran out.
 TRANSIENT_CODES = frozenset({
@@ -51,14 +51,14 @@ def query_error(exc: BaseException, where: str) -> BaseException:
                                            "(see `cdcd check`), source.tables and the password")
         elif code in TRANSIENT_CODES or 2000 <= code < 3000 or \
                 isinstance(exc, pymysql.err.OperationalError | pymysql.err.InternalError):
-            err = SourceError(f"{where}: connection lost or server unavailable ({code}: {msg}); reconnecting")
+            err = SourceUnavailable(f"{where}: connection lost or server unavailable ({code}: {msg}); reconnecting")
         else:
             err = SourceFatal(f"{where}: the server refused cdcd's query ({code}: {msg})")
     elif isinstance(exc, TimeoutError):
-        err = SourceError(f"{where}: no answer within the read timeout (runtime.source_read_timeout_s); the "
+        err = SourceUnavailable(f"{where}: no answer within the read timeout (runtime.source_read_timeout_s); the "
                           "connection is taken for dead, reconnecting")
     elif isinstance(exc, pymysql.err.Error | OSError | EOFError | asyncio.IncompleteReadError):
-        err = SourceError(f"{where}: connection lost: {exc!r}; reconnecting")
+        err = SourceUnavailable(f"{where}: connection lost: {exc!r}; reconnecting")
     else:
         return exc
     err.__cause__ = exc

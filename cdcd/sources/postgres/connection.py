@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 
 from cdcd.config import Config
-from cdcd.errors import SourceError, SourceFatal, reason
+from cdcd.errors import SourceFatal, SourceUnavailable, reason
 from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
 from cdcd.sources.postgres.types import SESSION_SETTINGS
 
@@ -88,5 +88,5 @@ async def connect_sql(params: ConnectParams) -> Any:
     except asyncpg.InvalidCatalogNameError as exc:
         raise SourceFatal(f"{params.where}: {exc}; check source.database") from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise SourceError(f"{params.where}: cannot connect: {reason(exc)}; check that the server runs and "
+        raise SourceUnavailable(f"{params.where}: cannot connect: {reason(exc)}; check that the server runs and "
                           "listens") from exc

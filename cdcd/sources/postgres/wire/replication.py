@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from cdcd.errors import SourceError, SourceFatal, reason
+from cdcd.errors import SourceError, SourceFatal, SourceUnavailable, reason
 from cdcd.positions import format_lsn, parse_lsn
 from cdcd.sockets import PG_SERVER_KEEPALIVES, keepalive_transport
 from cdcd.sources.postgres.connection import ConnectParams as ConnectParams
@@ -151,11 +151,11 @@ class ReplicationConnection:
         try:
             return await asyncio.wait_for(cls._connect(params), params.connect_timeout_s)
         except TimeoutError:
-            raise SourceError(
+            raise SourceUnavailable(
                 f"{params.where}: no answer within {params.connect_timeout_s}s; check host, port and firewall"
             ) from None
         except OSError as exc:
-            raise SourceError(f"{params.where}: cannot connect: {reason(exc)}; check that the server runs and "
+            raise SourceUnavailable(f"{params.where}: cannot connect: {reason(exc)}; check that the server runs and "
                               "listens") from exc
 
     @classmethod
