@@ -9,7 +9,8 @@ the source.
   chunk query, the daemon reconnects and resumes;
 * every open connection silenced for good while streaming (no FIN, no RST; new connections work): the
   stall detector notices, the daemon reconnects, nothing is lost, /status shows the reconnect;
-* the source unreachable for longer than runtime.source_retry_timeout_s: exit 4 naming the outage.
+* the source unreachable for longer than runtime.source_retry_timeout_s: exit 4 naming the outage;
+* a table added by SIGHUP while the source refuses connections: captured once the source answers.
 """
 
 from __future__ import annotations
