@@ -96,6 +96,14 @@ class FaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            # the proxy closes (``_close``): end normally, or the stream server's done-callback (Python 3.11)
+            # logs the cancellation as an error with a traceback
+            return
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
