@@ -124,7 +124,9 @@ class CaptureCoordinator:
                             item = item.after(last) or item  # rows up to ``last`` were delivered (never None here)
                         self.last = last = pos
                         self.last_item = item
-                    if retry.attempts:
+                    if retry.attempts:  # the first item after an outage: say it is over (the losses were warned)
+                        self._log.info("source stream restored", failed_attempts=retry.attempts,
+                                       outage_s=round(retry.failed_for_s(), 1))
                         retry.success()
                     if incr is not None:
                         before, keep = incr.before(item)

@@ -449,6 +449,7 @@ def _reload_during_an_outage(s: Setup, added: str) -> None:
     s.execute("INSERT INTO t2 VALUES (4, 4, 'streamed')")
     s.wait("its rows and a streamed one landed", lambda: landed_ids(s.landing, added) == {1, 2, 3, 4}, timeout=120)
     assert "table_reload_error" not in s.status()["source"]
+    assert "source stream restored" in s.log.read_text()  # the outage's end is said, not only its start
     assert proc.poll() is None
 
 
