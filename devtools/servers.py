@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -364,4 +367,91 @@ class MariaDBServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone cluster from the installed pyspark: one master and one worker on 127.0.0.1.
+
+    Started as an operator would (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``), on free
+    ports, with its work and log files in a temporary directory; the worker offers ``cores`` cores and ``memory``
+    to executors (bounded: a test machine has two cores). ``url`` is the ``--master`` of spark-submit.
+    """
+
+    cores: int = 1
+    memory: str = "2g"
+    root: Path = field(init=False)
+    port: int = field(init=False)
+    web_port: int = field(init=False)
+    procs: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120) -> SparkCluster:
+        spark_class = Path(sys.executable).with_name("spark-class")
+        if not spark_class.is_file():
+            raise ServerError(f"{spark_class} (pyspark's launcher) not found: {BOOTSTRAP_HINT}")
+        self.root = Path(tempfile.mkdtemp(prefix="cdcd-spark-cluster-"))
+        self.port, self.web_port = free_port(), free_port()
+        # the daemons' own heap is small (they only schedule); C1 only: less CPU spent compiling on two cores
+        env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
+               "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+               "PYSPARK_PYTHON": sys.executable}
+        try:
+            self._launch(spark_class, env, "master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                                      "--port", str(self.port), "--webui-port", str(self.web_port)])
+            wait_port(self.port, self.procs[0], self.root / "master.log", timeout)
+            work = self.root / "work"
+            work.mkdir()
+            self._launch(spark_class, env, "worker", [
+                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", str(free_port()),
+                "--webui-port", str(free_port()), "--cores", str(self.cores), "--memory", self.memory,
+                "--work-dir", str(work), self.url])
+            self._wait_worker(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self, spark_class: Path, env: dict[str, str], name: str, args: list[str]) -> None:
+        with open(self.root / f"{name}.log", "wb") as log:
+            # a session of its own: stop() ends the daemon with the executors it started
+            self.procs.append(subprocess.Popen([str(spark_class), *args], stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, env=env, start_new_session=True))
+
+    def status(self) -> dict[str, Any]:
+        """The master's view of the cluster (its web UI's ``/json``): workers, cores, applications."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/json/", timeout=10) as r:
+            doc: dict[str, Any] = json.loads(r.read())
+        return doc
+
+    def _wait_worker(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc, name in zip(self.procs, ("master", "worker"), strict=False):
+                if proc.poll() is not None:
+                    log = (self.root / f"{name}.log").read_text(errors="replace")[-3000:]
+                    raise ServerError(f"Spark {name} exited with {proc.returncode}; log:\n{log}")
+            with contextlib.suppress(OSError, ValueError):
+                if self.status().get("aliveworkers", 0) >= 1:
+                    return
+            time.sleep(0.5)
+        raise ServerError(f"no Spark worker registered with the master {self.url} within {timeout}s; logs in "
+                          f"{self.root} (master.log, worker.log)")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):  # the worker first: it ends its executors
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # an executor the worker left behind
+        self.procs.clear()
         shutil.rmtree(self.root, ignore_errors=True)

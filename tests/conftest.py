@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from devtools.servers import MariaDBServer, PostgresServer
+from devtools.servers import MariaDBServer, PostgresServer, SparkCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,7 +45,8 @@ SPREAD = frozenset({
 #: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
 #: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
 SLOWEST_FIRST = (
-    "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_kill.py",
+    "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_cluster.py",
+    "test_spark_kill.py",
     "test_spark_stop.py", "test_schema_changes.py",
     "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_formats.py", "test_spark_covered.py",
     "test_incremental_snapshot.py", "test_position_lost.py", "test_spark_cds.py", "test_spark_types_large.py",
@@ -68,7 +69,7 @@ def _mark(item: pytest.Item) -> None:
     test that takes the worker's Spark session (the e2e files that start `cdcd spark run` mark themselves)."""
     if Path(item.path).name in SLOWEST_FIRST:
         item.add_marker(pytest.mark.slow)
-    if {"spark", "spark_worker"} & set(getattr(item, "fixturenames", ())):
+    if {"spark", "spark_worker", "spark_cluster"} & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.spark)
 
 
@@ -152,3 +153,13 @@ def spark(spark_worker: SharedSession) -> Iterator[SparkSession]:
     """The worker's local Spark session, warm after the first test; put back as it was started after each test."""
     yield spark_worker.get()
     spark_worker.reset()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkCluster]:
+    """A Spark standalone master and one worker (one core) on loopback, for spark-submit --master spark://..."""
+    cluster = SparkCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
