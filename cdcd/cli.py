@@ -363,7 +363,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_logging(config)
     verify = importlib.import_module("cdcd.verify").verify
     try:
-        return int(verify(config, args.target))
+        return int(verify(config, args.target, tables=args.table))
     finally:
         importlib.import_module("cdcd.verify.mirror").end_spark()
 
@@ -440,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", cmd_verify, "compare every captured source table with its mirror; non-zero on drift")
     _add_config(p)
     p.add_argument("--target", required=True, metavar="PATH", help="the Spark consumer's --target")
+    p.add_argument("--table", action="append", metavar="SCHEMA.TABLE",
+                   help="compare only this captured table (repeatable; default: every captured table)")
     return parser
 
 

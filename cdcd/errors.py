@@ -59,6 +59,12 @@ class NothingToRecover(CdcdError):
     fatal = True
 
 
+class MirrorUnreadable(CdcdError):
+    """`cdcd verify` could not read a table's mirror (pyarrow, Spark or the catalog failed): exit 2."""
+
+    fatal = True
+
+
 class CheckpointError(CdcdError):
     """The checkpoint could not be saved; the runtime retries the save on a timer."""
 

@@ -39,7 +39,7 @@ SPREAD = frozenset({
     "test_spark_formats.py", "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_covered.py",
     "test_schema_changes.py",
     "test_spark_lakehouse.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_snapshot_generations.py",
-    "test_position_lost.py",
+    "test_position_lost.py", "test_verify_ranges.py",
 })
 #: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
 #: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
@@ -55,7 +55,7 @@ SLOWEST_FIRST = (
     "test_mysql_identity.py", "test_postgres_identity.py", "test_bench_smoke.py", "test_spark_lakehouse.py",
     "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
     "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_submit.py", "test_spark_follow.py",
-    "test_postgres_server_stop.py",
+    "test_postgres_server_stop.py", "test_verify_ranges.py",
 )
 
 

@@ -18,6 +18,8 @@ class TableDiff:
     extra: list[Any] = field(default_factory=list)  # in the mirror, not in the source
     changed: list[Any] = field(default_factory=list)
     versions: dict[Any, tuple[dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=dict)
+    buckets: int | None = None  # compared by bucket checksums (cdcd.verify.ranges): buckets checked
+    differing_buckets: int = 0  # ... and those whose rows were read
 
     @property
     def ok(self) -> bool:

@@ -32,6 +32,13 @@ def read_table(target: Path, table: str, kind: str = "tables") -> pa.Table | Non
     if fmt == "parquet":
         path = target / kind / table
         return ds.dataset(path).to_table() if path.is_dir() else None
+    frame = lakehouse_frame(target, fmt, table, kind)
+    return None if frame is None else frame.toArrow()
+
+
+def lakehouse_frame(target: Path, fmt: str, table: str, kind: str = "tables") -> Any:
+    """A Delta Lake or Iceberg table as a Spark DataFrame (None when absent), read with the job's own session
+    and catalog settings (the format's strategy, ``cdcd.spark.formats``)."""
     from cdcd.spark.formats import lakehouse_format
 
     names = lakehouse_format(fmt, target)
@@ -45,16 +52,19 @@ def read_table(target: Path, table: str, kind: str = "tables") -> pa.Table | Non
     schema, name = table.split(".", 1)
     if not names.exists(spark, kind, schema, name):
         return None
-    return spark.table(names.ref(kind, schema, name)).toArrow()
+    return spark.table(names.ref(kind, schema, name))
+
+
+def arrow_rows(data: pa.Table, columns: list[SourceColumn]) -> list[list[Any]]:
+    """An Arrow table's rows as lists in the source's column order (a column the mirror lacks: NULL)."""
+    have = set(data.column_names)
+    cols = [data.column(c.name).to_pylist() if c.name in have else [None] * data.num_rows for c in columns]
+    return [list(r) for r in zip(*cols, strict=True)] if cols else []
 
 
 def read_mirror(target: Path, table: str, columns: list[SourceColumn]) -> list[list[Any]]:
     data = read_table(target, table)
-    if data is None:
-        return []
-    have = set(data.column_names)
-    cols = [data.column(c.name).to_pylist() if c.name in have else [None] * data.num_rows for c in columns]
-    return [list(r) for r in zip(*cols, strict=True)] if cols else []
+    return [] if data is None else arrow_rows(data, columns)
 
 
 def end_spark() -> None:

@@ -14,7 +14,8 @@ def report(diffs: list[TableDiff], out: TextIO) -> None:
         status = "OK" if d.ok else "DRIFT"
         print(
             f"{d.table}: {status} source={d.source_rows} mirror={d.mirror_rows} "
-            f"missing={len(d.missing)} extra={len(d.extra)} changed={len(d.changed)}",
+            f"missing={len(d.missing)} extra={len(d.extra)} changed={len(d.changed)}"
+            + ("" if d.buckets is None else f" buckets={d.buckets} differing={d.differing_buckets}"),
             file=out,
         )
         for label, keys in (("missing", d.missing), ("extra", d.extra), ("changed", d.changed)):

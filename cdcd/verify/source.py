@@ -69,22 +69,39 @@ async def read_postgres(config: Config) -> list[SourceTable]:
         await conn.close()
 
 
-async def _pg_table(conn: Any, t: TableId) -> SourceTable:
+@dataclass(slots=True)
+class TableShape:
+    """A source table as verify reads it: its columns, key, the SELECT list that reads each column the way
+    the source lands it, and each column's canonical text for the range checksums (None: it has none)."""
+
+    table: TableId
+    quoted: str
+    columns: list[SourceColumn]
+    key: list[str]
+    select: list[str]
+    canonical: list[str | None]
+    temporal: list[bool]
+
+
+async def pg_shape(conn: Any, t: TableId) -> TableShape:
+    from cdcd.sources.postgres.checksums import canonical
+
+    quoted = f"{_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}"
     cols = await conn.fetch(
         """SELECT a.attname, ty.typname, a.atttypmod, ety.typname AS elem
              FROM pg_attribute a JOIN pg_type ty ON ty.oid = a.atttypid
              LEFT JOIN pg_type ety ON ety.oid = ty.typelem AND ty.typcategory = 'A'
             WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""",
-        f"{_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}",
+        quoted,
     )
     if not cols:
         raise SourceError(f"verify: table {t} does not exist in the source")
     key = [r[0] for r in await conn.fetch(
         """SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
             AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1::regclass AND i.indisprimary""",
-        f"{_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}",
+        quoted,
     )]
-    exprs, columns = [], []
+    exprs, columns, canon = [], [], []
     for name, typ, typmod, elem in cols:
         q = _qi(name, '"')
         base = elem or typ
@@ -96,11 +113,19 @@ async def _pg_table(conn: Any, t: TableId) -> SourceTable:
             # every type (inet's text() adds the netmask of a host address: '::1/128' where '::1' landed).
             exprs.append(f"{q}::text[]" if elem else f"CASE WHEN {q} IS NULL THEN NULL ELSE format('%s', {q}) END")
         columns.append(SourceColumn(name, base == "float4", base in ("json", "jsonb")))
-    sql = f"SELECT {', '.join(exprs)} FROM {_qi(t.schema, chr(34))}.{_qi(t.name, chr(34))}"
+        canon.append(None if elem else canonical(name, typ, typmod))
+    return TableShape(t, quoted, columns, key or [c.name for c in columns], exprs, canon, [False] * len(cols))
+
+
+def pg_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
     # NaN and ±Infinity in a numeric(p,s) column land as NULL (docs/postgres.md): compare them as NULL.
-    rows = [tuple(None if isinstance(v, Decimal) and not v.is_finite() else v for v in r)
-            for r in await conn.fetch(sql)]
-    return SourceTable(t, columns, key or [c.name for c in columns], rows)
+    return [tuple(None if isinstance(v, Decimal) and not v.is_finite() else v for v in r) for r in rows]
+
+
+async def _pg_table(conn: Any, t: TableId) -> SourceTable:
+    shape = await pg_shape(conn, t)
+    rows = pg_rows(await conn.fetch(f"SELECT {', '.join(shape.select)} FROM {shape.quoted}"))
+    return SourceTable(t, shape.columns, shape.key, rows)
 
 
 async def read_mysql(config: Config) -> list[SourceTable]:
@@ -122,7 +147,9 @@ async def read_mysql(config: Config) -> list[SourceTable]:
         conn.close()
 
 
-async def _my_table(cur: Any, t: TableId) -> SourceTable:
+async def my_shape(cur: Any, t: TableId) -> TableShape:
+    from cdcd.sources.mysql.checksums import canonical
+
     await cur.execute(
         """SELECT COLUMN_NAME, DATA_TYPE, COLUMN_KEY FROM information_schema.COLUMNS
             WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION""",
@@ -134,13 +161,22 @@ async def _my_table(cur: Any, t: TableId) -> SourceTable:
     columns = [SourceColumn(c[0], c[1].lower() == "float", c[1].lower() == "json") for c in cols]
     key = [c[0] for c in cols if c[2] == "PRI"]
     # FLOAT as DOUBLE: the text protocol rounds it to 6 digits, the source lands it exactly.
-    names = ", ".join(f"({_qi(c.name, '`')} * 1E0)" if c.float32 else _qi(c.name, "`") for c in columns)
-    await cur.execute(f"SELECT {names} FROM {_qi(t.schema, '`')}.{_qi(t.name, '`')}")
-    # Zero dates come as text and land as NULL (docs/mysql.md): compare them as NULL.
+    select = [f"({_qi(c.name, '`')} * 1E0)" if c.float32 else _qi(c.name, "`") for c in columns]
     temporal = [c[1].lower() in ("date", "datetime", "timestamp") for c in cols]
-    rows = [tuple(None if z and isinstance(v, str) else v for v, z in zip(r, temporal, strict=True))
-            for r in await cur.fetchall()]
-    return SourceTable(t, columns, key or [c.name for c in columns], rows)
+    return TableShape(t, f"{_qi(t.schema, '`')}.{_qi(t.name, '`')}", columns, key or [c.name for c in columns],
+                      select, [canonical(c[0], c[1]) for c in cols], temporal)
+
+
+def my_rows(shape: TableShape, rows: list[Any]) -> list[tuple[Any, ...]]:
+    # Zero dates come as text and land as NULL (docs/mysql.md): compare them as NULL.
+    return [tuple(None if z and isinstance(v, str) else v for v, z in zip(r, shape.temporal, strict=True))
+            for r in rows]
+
+
+async def _my_table(cur: Any, t: TableId) -> SourceTable:
+    shape = await my_shape(cur, t)
+    await cur.execute(f"SELECT {', '.join(shape.select)} FROM {shape.quoted}")
+    return SourceTable(t, shape.columns, shape.key, my_rows(shape, list(await cur.fetchall())))
 
 
 async def read_source(config: Config) -> list[SourceTable]:
