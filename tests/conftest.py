@@ -54,7 +54,8 @@ SLOWEST_FIRST = (
     "test_faults_network.py", "test_faults_disk.py", "test_operator_snapshot.py", "test_postgres_inprogress_crash.py",
     "test_mysql_identity.py", "test_postgres_identity.py", "test_bench_smoke.py", "test_spark_lakehouse.py",
     "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
-    "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_submit.py", "test_spark_follow.py",
+    "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_s3a.py", "test_spark_submit.py",
+    "test_spark_follow.py",
     "test_postgres_server_stop.py", "test_verify_ranges.py",
 )
 

@@ -34,6 +34,13 @@ ICEBERG_PACKAGES = (
 )
 PACKAGES = (*DELTA_PACKAGES, *ICEBERG_PACKAGES)
 
+#: The Hadoop inside the pinned pyspark (its jars/hadoop-client-api-*.jar): hadoop-aws must be this very version,
+#: and the AWS SDK bundle the one that hadoop-aws release was built with (hadoop-project's aws-java-sdk-v2.version).
+HADOOP = "3.4.2"
+AWS_SDK = "2.29.52"
+#: S3A (``s3a://`` paths) for Spark: not on a local session's class path unless asked for (the bundle is 640 MB).
+OBJECT_STORE_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP}", f"software.amazon.awssdk:bundle:{AWS_SDK}")
+
 #: Where bootstrap puts the jars: CDCD_SPARK_JARS, else .jars/ at the project's root.
 ENV = "CDCD_SPARK_JARS"
 
@@ -63,14 +70,23 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 ICEBERG_EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
 
 
-def local_settings(only: str | None = None) -> dict[str, str]:
+def installed_hadoop() -> str | None:
+    """The Hadoop version of the installed pyspark (its ``hadoop-client-api`` jar), None when none is found."""
+    import pyspark  # the pyspark extra: only where Spark runs
+
+    found = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    return found[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar") if found else None
+
+
+def local_settings(only: str | None = None, object_store: bool = False) -> dict[str, str]:
     """Settings of a session cdcd starts itself: the cached jars and both formats' extensions, or only the
     extension of format ``only`` (``delta``, ``iceberg``): each extension costs the session's start-up time.
+    ``object_store``: hadoop-aws and the AWS SDK bundle too (``OBJECT_STORE_PACKAGES``).
 
     Empty when the cache is incomplete (``--format parquet`` needs none of it);
     ``--format delta|iceberg`` then says how to get the jars.
     """
-    jars = cached_jars()
+    jars = cached_jars(PACKAGES + OBJECT_STORE_PACKAGES if object_store else PACKAGES)
     if jars is None:
         return {}
     extensions = {"delta": DELTA_EXTENSION, "iceberg": ICEBERG_EXTENSION}
@@ -127,11 +143,14 @@ def fetch(directory: Path, repo: str = MAVEN_CENTRAL, packages: tuple[str, ...] 
 
 
 def main(argv: list[str]) -> int:
-    """``python -m cdcd.spark.jars``: the coordinates (one a line) for the bootstrap's Maven copy;
-    ``--packages``: as spark-submit's option; ``--fetch DIR [--repo URL]``: download them into DIR."""
+    """``python -m cdcd.spark.jars``: the coordinates (one a line, S3A's too) for the bootstrap's Maven copy;
+    ``--packages``: the formats' as spark-submit's option, ``--object-store-packages``: S3A's;
+    ``--fetch DIR [--repo URL]``: download the formats' into DIR."""
     args = argv[1:]
     if args == ["--packages"]:
         print(packages_line(PACKAGES))
+    elif args == ["--object-store-packages"]:
+        print(packages_line(OBJECT_STORE_PACKAGES))
     elif args[:1] == ["--fetch"] and len(args) in (2, 4) and (len(args) == 2 or args[2] == "--repo"):
         try:
             paths = fetch(Path(args[1]), args[3] if len(args) == 4 else MAVEN_CENTRAL)
@@ -140,10 +159,11 @@ def main(argv: list[str]) -> int:
             return 1
         print("\n".join(str(p) for p in paths))
     elif args:
-        print("usage: python -m cdcd.spark.jars [--packages | --fetch DIR [--repo URL]]", file=sys.stderr)
+        print("usage: python -m cdcd.spark.jars [--packages | --object-store-packages | --fetch DIR [--repo URL]]",
+              file=sys.stderr)
         return 2
-    else:
-        print("\n".join(PACKAGES))
+    else:  # the bootstrap's list: S3A's jars too
+        print("\n".join(PACKAGES + OBJECT_STORE_PACKAGES))
     return 0
 
 
