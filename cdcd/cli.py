@@ -439,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("verify", cmd_verify, "compare every captured source table with its mirror; non-zero on drift")
     _add_config(p)
-    p.add_argument("--target", required=True, metavar="PATH", help="the Spark consumer's --target")
+    p.add_argument("--target", required=True, type=spark_args.local_path, metavar="PATH",
+                   help="the Spark consumer's --target")
     p.add_argument("--table", action="append", metavar="SCHEMA.TABLE",
                    help="compare only this captured table (repeatable; default: every captured table)")
     return parser
