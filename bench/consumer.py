@@ -147,6 +147,29 @@ def spark_follow(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[
              "lag_seconds": round(applied - landed, 2), "merges": merges}]
 
 
+#: Runs a command and prints, last on stderr, the peak RSS in KiB of its largest process: RUSAGE_CHILDREN of a
+#: fresh process covers the command and the descendants it reaped (verify's Spark JVM), nothing of the bench.
+_PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], timeout=3600); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r.returncode)")
+
+
+def _verify(config: Path, target: Path, rows: int) -> Row:
+    """``cdcd verify`` of the whole mirror against the source: rows per second (Spark's start-up included) and
+    the peak RSS of its largest process (verify's own, or its Spark JVM)."""
+    began = time.perf_counter()
+    proc = subprocess.run([str(VENV_BIN / "python"), "-c", _PEAK, str(VENV_BIN / "cdcd"), "verify", "-c",
+                           str(config), "--target", str(target)], capture_output=True, text=True, timeout=3700)
+    seconds = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"cdcd verify found drift or failed ({proc.returncode}): "
+                           f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    peak_kib = int(proc.stderr.strip().splitlines()[-1])
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("public.narrow:")), "")
+    return {"measure": f"cdcd verify, a {rows:,}-row {SPARK_FORMAT} mirror against PostgreSQL",
+            "unit": "rows/s", "cdcd": round(rows / seconds, 1), "cdcd_seconds": round(seconds, 1), "items": rows,
+            "baseline": "none", "peak_rss_mb": round(peak_kib / 1024, 1), "report": line}
+
+
 def spark_small(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[Row]:
     """A 100-row batch into a large Delta mirror: its time and what it rewrote.
 
@@ -184,7 +207,8 @@ def spark_small(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list[R
     m = {k: int(v) for k, v in commit.get("operationMetrics", {}).items() if str(v).isdigit()}
     built = _applied(build_log)
     steps = [json.dumps({k: m[k] for k in ("batches", "seconds", "steps")}) for m in _log_events(log, "merge applied")]
-    return [{"measure": f"Spark consumer ({SPARK_FORMAT}), a 100-row batch into a {rows:,}-row mirror",
+    verified = _verify(config, target, rows)  # the source is as the mirror now: the daemon is stopped
+    return [verified, {"measure": f"Spark consumer ({SPARK_FORMAT}), a 100-row batch into a {rows:,}-row mirror",
              "unit": "s", "cdcd": round(applied[1], 2), "cdcd_seconds": round(seconds, 2), "items": 100,
              "baseline": "none", "mirror_rows": rows, "mirror_files": files,
              "files_rewritten": m.get("numTargetFilesRemoved"), "rows_copied": m.get("numTargetRowsCopied"),
