@@ -159,6 +159,11 @@ def _print_status(doc: dict[str, Any]) -> None:
     if lost:
         print(f"  position lost and recovered ({source['position_lost'].get('recoveries', 0)} times by this process): "
               f"{lost.get('lost')}; from {lost.get('from')} to {lost.get('to')}")
+    retention = source.get("retention") or {}
+    if retention.get("state"):
+        head = "WARNING: retention budget" if retention.get("low") else "retention budget"
+        paused = "; incremental snapshots paused" if retention.get("incremental_paused") else ""
+        print(f"  {head} {retention['state']}: {retention.get('message', '')}{paused}")
     if source.get("table_reload_error"):
         print(f"  last table reload FAILED: {source['table_reload_error']}")
     if source.get("incremental_waiting"):

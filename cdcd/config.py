@@ -53,6 +53,19 @@ class MySqlOptions(_Section):
     MariaDB's exact snapshot position, the bracketing position on MySQL (which has none)."""
 
 
+class RetentionOptions(_Section):
+    margin: float = Field(default=0.2, ge=0, le=1)
+    """The share of the source's retention budget left at which cdcd warns and pauses incremental snapshots
+    (PostgreSQL: safe_wal_size of max_slot_wal_keep_size; MariaDB/MySQL: the time left before the checkpoint's
+    binlog file expires, of the expiry); 0 turns this test off (docs/operations.md, "WAL budget and binlog
+    expiry")."""
+    margin_s: float = Field(default=3600.0, ge=0)
+    """Warn and pause too when the budget lasts less than this many seconds at the current rate (PostgreSQL: WAL
+    written per second; MariaDB/MySQL: until the expiry); 0 turns this test off."""
+    check_interval_s: float = Field(default=30.0, gt=0, le=3600)
+    """How often the budget is read from the source (one short query, bounded by runtime.source_read_timeout_s)."""
+
+
 class SourceConfig(_Section):
     kind: Literal["postgres", "mariadb", "mysql"]
     """The source database: postgres, mariadb or mysql."""
@@ -82,6 +95,8 @@ class SourceConfig(_Section):
     """What a lost position (replication slot gone or invalidated, binlog purged or reset) does: fail (exit 9, fix
     with `cdcd recover`), or resnapshot (the daemon recovers by itself: a new slot or the current binlog position,
     the gap recorded in the landing zone, every table re-snapshotted incrementally; docs/operations.md)."""
+    retention: RetentionOptions = RetentionOptions()
+    """The warning before the source drops what the checkpoint needs (WAL budget, binlog expiry)."""
     postgres: PostgresOptions = PostgresOptions()
     """PostgreSQL options."""
     mysql: MySqlOptions = MySqlOptions()

@@ -29,6 +29,7 @@ from typing import Any
 
 from cdcd.capture.contracts import CapturePlan, Replan, Restream, StreamReader
 from cdcd.capture.incremental import Incremental
+from cdcd.capture.retention import RetentionWatch
 from cdcd.config import Config
 from cdcd.errors import SourceError
 from cdcd.events import ChangeBlock, Item, Mark, MarkKind, snapshot_truncates
@@ -53,6 +54,7 @@ class CaptureCoordinator:
         self.last_error: str | None = None
         self.last: Position | None = None  # the last streamed position delivered: the skip rule's bound
         self.last_item: Item | None = None  # the item at ``last``
+        self.retention: RetentionWatch | None = None  # the source's budget watch, run while the stream runs
 
     @property
     def closing(self) -> bool:
@@ -98,11 +100,15 @@ class CaptureCoordinator:
         incr = self.incremental
         if incr.reader is not None:
             incr.start()
+        if self.retention is not None:
+            self.retention.start()
         try:
             async for item in self._stream(stream, incr if incr.reader is not None else None):
                 yield item
         finally:
             incr.stop()
+            if self.retention is not None:
+                self.retention.stop()
 
     async def _stream(self, stream: StreamReader, incr: Incremental | None) -> AsyncIterator[Item]:
         retry = source_backoff(self._config, stream.what)

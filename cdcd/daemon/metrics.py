@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from cdcd import __version__
+from cdcd.daemon.retentionmetrics import retention_metrics
 from cdcd.logging import scrub_text
 
 StatusProvider = Callable[[], Mapping[str, Any]]
@@ -134,6 +135,7 @@ def metrics_from_status(
                     .get("recoveries"))
 
     out += _tables_metrics(source)
+    out += retention_metrics(source)
 
     error = stats.get("last_error")
     out += _gauge("cdcd_last_error_present", "1 when the runtime has recorded an error", int(bool(error)))

@@ -9,6 +9,7 @@ import collections
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from cdcd.capture.incremental.gate import Gate
 from cdcd.capture.incremental.window import Chunk, ChunkReader, SnapshotJob, Window, partial_key_changes
 from cdcd.config import Config
 from cdcd.errors import CdcdError, SourceError, SourceUnavailable
@@ -44,6 +45,7 @@ class Incremental:
         self._error: BaseException | None = None
         self.reload_error: str | None = None  # why the last table reload failed (None: it worked, or none yet)
         self._task: asyncio.Task[None] | None = None
+        self.gate = Gate()  # closed while the source's retention budget runs low (cdcd/capture/retention.py)
         self.last: Callable[[], Position | None] = lambda: None  # the coordinator's last delivered position
         # Tables whose mirror a re-snapshot must repair (dropped and re-created under the same name): table ->
         # why. The stream goes on; /status lists them until a whole-table snapshot begun after the flag completes.
@@ -140,6 +142,8 @@ class Incremental:
         out: dict[str, Any] = {}
         if self.busy or self.finished:
             out["incremental_snapshots"] = self.progress()
+        if self.gate.reason:
+            out["incremental_paused"] = self.gate.reason
         if self.reload_error:
             out["table_reload_error"] = self.reload_error
         if self.stale:
@@ -295,6 +299,9 @@ class Incremental:
                     continue  # replaced by a newer request of the same table
             job = self.current
             assert job is not None and self.reader is not None
+            if self.gate.reason is not None:  # between chunks: the slot or binlog file first while its budget is low
+                await self.gate.wait(POKE_S)  # a table reload submitted meanwhile still runs (the loop's top)
+                continue
             try:
                 if self._prepared is not job:  # once per job and run, before its first chunk's LW
                     await self.reader.prepare(job)

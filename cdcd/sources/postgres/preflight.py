@@ -9,6 +9,7 @@ from cdcd.errors import SourceError
 from cdcd.events import TableId
 from cdcd.runtime.interfaces import CheckResult
 from cdcd.sources.postgres import catalog
+from cdcd.sources.postgres.walbudget import keep_size_check
 from cdcd.sources.postgres.wire.replication import ConnectParams, ReplicationConnection
 
 
@@ -25,6 +26,7 @@ async def run_preflight(params: ConnectParams, tables: list[TableId], slot: str,
             *await _tables(conn, tables),
             *await _publication(conn, publication, tables),
             await _slot(conn, slot, params.database),
+            await keep_size_check(conn),
             await _replication_connection(params),
         ]
     finally:

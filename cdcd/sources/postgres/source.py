@@ -21,6 +21,7 @@ from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import plan_tables, stale_from_state
 from cdcd.capture.recovery import Recovering
+from cdcd.capture.retention import RetentionWatch
 from cdcd.config import Config
 from cdcd.errors import PositionLost, SourceError, SourceFatal, reason
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -38,6 +39,7 @@ from cdcd.sources.postgres.requests import PgRequests
 from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
 from cdcd.sources.postgres.stream import PgStream
 from cdcd.sources.postgres.tables import PgTables, replaced_why
+from cdcd.sources.postgres.walbudget import WalBudget
 from cdcd.sources.postgres.wire.replication import ReplicationConnection
 
 if TYPE_CHECKING:  # the snapshot reader (numpy, pyarrow.compute) is loaded when a snapshot is due
@@ -88,6 +90,10 @@ class PostgresSource(Recovering, Source):
         self._resume_position: PgPosition | None = None  # the checkpoint's position at connect
         self._recoveries: PgRecoveries = PgRecoveries(config, self._params, self._slot)  # on_position_lost, recover
         self._stream.replan_lost = config.source.on_position_lost == "resnapshot"  # a slot lost while streaming
+        # the slot's WAL budget while streaming: warnings, and the incremental snapshots paused while it is low
+        budget = WalBudget(self._params, self._slot, src.retention)
+        self._coord.retention = RetentionWatch(src.retention, budget.probe, self._incr.gate, log,
+                                               src.connect_timeout_s + config.runtime.source_read_timeout_s)
         self._requests = PgRequests(config, self._t, self._publication, self._incr, self._chunks, self._stream,
                                     self._last_position, lambda: self._stream_changes)
 
@@ -412,6 +418,8 @@ class PostgresSource(Recovering, Source):
         if self._system:
             out["timeline"] = self._system.get("timeline")
         out.update(self._incr.status())
+        if self._coord.retention is not None:
+            out.update(self._coord.retention.status())
         out["position_lost"] = self._recoveries.status()
         if self._chunks.waiting is not None:
             out["incremental_waiting"] = self._chunks.waiting
