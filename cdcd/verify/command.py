@@ -42,7 +42,7 @@ def chosen_tables(config: Config, tables: list[str] | None) -> list[TableId]:
 def _whole(config: Config, target: Path, tables: list[TableId]) -> list[TableDiff]:
     """Read each table whole on both sides and compare in memory (a Parquet mirror)."""
     diffs = []
-    for t in [t for t in asyncio.run(read_source(config)) if t.table in tables]:
+    for t in asyncio.run(read_source(config, tables)):
         try:
             mirror_rows = read_mirror(target, str(t.table), t.columns)
         except Exception as exc:  # pyarrow, Spark or the catalog: reported, exit 2

@@ -46,7 +46,7 @@ def _qi(name: str, quote: str) -> str:
     return quote + name.replace(quote, quote * 2) + quote
 
 
-async def read_postgres(config: Config) -> list[SourceTable]:
+async def read_postgres(config: Config, tables: list[TableId] | None = None) -> list[SourceTable]:
     # the source's own connection code: its TLS (source.sslmode, source.sslrootcert), timeouts, session settings
     from cdcd.sources.postgres.connection import connect_params, connect_sql
 
@@ -62,7 +62,7 @@ async def read_postgres(config: Config) -> list[SourceTable]:
 
         out = []
         async with conn.transaction(isolation="repeatable_read", readonly=True):
-            for t in src.table_ids:
+            for t in src.table_ids if tables is None else tables:
                 out.append(await _pg_table(conn, t))
         return out
     finally:
@@ -128,7 +128,7 @@ async def _pg_table(conn: Any, t: TableId) -> SourceTable:
     return SourceTable(t, shape.columns, shape.key, rows)
 
 
-async def read_mysql(config: Config) -> list[SourceTable]:
+async def read_mysql(config: Config, tables: list[TableId] | None = None) -> list[SourceTable]:
     # the source's own connection code: its TLS (source.sslmode, source.sslrootcert), UTC session
     from cdcd.sources.mysql.connection import connect_params
 
@@ -140,7 +140,7 @@ async def read_mysql(config: Config) -> list[SourceTable]:
     try:
         async with conn.cursor() as cur:
             await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            out = [await _my_table(cur, t) for t in src.table_ids]
+            out = [await _my_table(cur, t) for t in (src.table_ids if tables is None else tables)]
             await cur.execute("COMMIT")
         return out
     finally:
@@ -179,7 +179,8 @@ async def _my_table(cur: Any, t: TableId) -> SourceTable:
     return SourceTable(t, shape.columns, shape.key, my_rows(shape, list(await cur.fetchall())))
 
 
-async def read_source(config: Config) -> list[SourceTable]:
+async def read_source(config: Config, tables: list[TableId] | None = None) -> list[SourceTable]:
+    """The tables (default: every captured table) read whole, in one snapshot transaction."""
     if config.source.kind == "postgres":
-        return await read_postgres(config)
-    return await read_mysql(config)
+        return await read_postgres(config, tables)
+    return await read_mysql(config, tables)
