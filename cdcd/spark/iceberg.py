@@ -52,6 +52,21 @@ class Iceberg(Lakehouse):
                     "write.update.mode": "merge-on-read"}
     log_props = {"format-version": "2"}
 
+    def check_target(self, spark: SparkSession) -> str | None:
+        """Also refuses a catalog ``cdcd`` given as Iceberg's Hadoop catalog: its commit is a rename of the
+        metadata file, not atomic on object storage and unsafe on a local file system per Iceberg's own docs, so
+        two commits could both succeed and one be lost (docs/spark.md, Iceberg catalogs)."""
+        prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
+        kind = (spark.conf.get(f"{prefix}.type", None) or "").lower()
+        impl = spark.conf.get(f"{prefix}.catalog-impl", None) or ""
+        if spark.conf.get(prefix, None) is not None and (kind == "hadoop" or impl.endswith(".HadoopCatalog")):
+            given = f"{prefix}.type=hadoop" if kind == "hadoop" else f"{prefix}.catalog-impl={impl}"
+            return (f"--format iceberg: the catalog {ICEBERG_CATALOG} is Iceberg's Hadoop catalog ({given}), whose "
+                    "commits are not atomic: give it a catalog with atomic commits (type=jdbc on PostgreSQL, or "
+                    "type=rest; docs/spark.md, Iceberg catalogs), or leave it out for the job's own (a SQLite file "
+                    "under the target, for one host)")
+        return super().check_target(spark)
+
     def register(self, spark: SparkSession) -> None:
         """The job's default catalog for TARGET, unless a catalog was given with --conf (JDBC on PostgreSQL, REST,
         ...): that one is used as it is."""
