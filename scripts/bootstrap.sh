@@ -89,6 +89,25 @@ for coordinate in $("$VENV/bin/python" -m cdcd.spark.jars); do
         fail "Maven could not fetch $coordinate from Maven Central (full log: $JARS/mvn.log)"; }
 done
 
+step "S3 server (versitygw) into .tools/bin/"
+# A real S3-compatible server for the tests and the demo (devtools/servers.py S3Server), built from its Go module
+# with the installed Go toolchain; only where missing. The first build takes about 5 minutes on two cores.
+VGW_VERSION=v1.8.0
+TOOLS="$ROOT/.tools"
+if [ ! -x "$TOOLS/bin/versitygw" ] || [ "$(cat "$TOOLS/versitygw.version" 2>/dev/null)" != "$VGW_VERSION" ]; then
+    command -v go >/dev/null || [ -x /usr/local/go/bin/go ] \
+        || fail "the Go toolchain (go) is missing: install Go 1.24+ to build the S3 server the tests use"
+    GO=$(command -v go || echo /usr/local/go/bin/go)
+    echo "bootstrap: building the S3 server versitygw $VGW_VERSION (first time only, about 5 minutes)" >&2
+    mkdir -p "$TOOLS/bin"
+    started=$(date +%s)
+    GOBIN="$TOOLS/bin" timeout 1800 "$GO" install "github.com/versity/versitygw/cmd/versitygw@$VGW_VERSION" \
+        >"$TOOLS/go-build.log" 2>&1 || { tail -n 20 "$TOOLS/go-build.log" >&2;
+        fail "go install of versitygw $VGW_VERSION failed (full log: $TOOLS/go-build.log)"; }
+    echo "$VGW_VERSION" > "$TOOLS/versitygw.version"
+    echo "bootstrap: versitygw built in $(( $(date +%s) - started )) s" >&2
+fi
+
 step "CDS archive of the Spark job's classes (.jars/cds/)"
 # A fresh Spark JVM spends a sixth of its CPU loading classes; the archive holds them parsed and
 # verified (cdcd/sparkcds.py, cdcd/spark/cds.py). Built once (about a minute) per JDK and jar set; then a file check.

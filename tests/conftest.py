@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from devtools.servers import MariaDBServer, PostgresServer, SparkCluster
+from devtools.servers import MariaDBServer, PostgresServer, S3Server, SparkCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -164,3 +164,19 @@ def spark_cluster() -> Iterator[SparkCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server (versitygw, posix backend) on loopback, one per worker."""
+    server = S3Server().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A new, empty bucket on the worker's S3 server for one test."""
+    return s3_server.create_bucket(f"bucket-{next(_names)}")
