@@ -89,8 +89,11 @@ def test_consumer_on_a_standalone_cluster(spark_cluster: SparkCluster, pg_server
 
     output = submit(spark_cluster, str(landing), str(target))
     assert f'"master": "{spark_cluster.url}"' in output  # the `consumer starting` line: the cluster's master stood
-    apps = [a["name"] for a in spark_cluster.status()["completedapps"]]
-    assert "cdcd-on-the-cluster" in apps  # it ran as an application of the cluster, its tasks on the worker
+    apps = [a for a in spark_cluster.status()["completedapps"] if a["name"] == "cdcd-on-the-cluster"]
+    assert len(apps) == 1, spark_cluster.status()  # it ran as an application of the cluster
+    # its tasks ran in an executor the worker started (the worker's work dir: app id / executor id / stderr)
+    executor_log = spark_cluster.root / "work" / apps[0]["id"] / "0" / "stderr"
+    assert "Finished task" in executor_log.read_text(errors="replace")
 
     verified = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True,
                               text=True, timeout=600)
