@@ -41,6 +41,8 @@ from cdcd.sources.postgres import bulkread
 from cdcd.sources.postgres.catalog import TableInfo, connect_sql, keyset_query, quote_ident, quote_literal, quote_table
 from cdcd.sources.postgres.copytext import CopyDecoder, RowRuns, last_row_fields
 from cdcd.sources.postgres.shape import INFINITE, TableShape, Warnings
+from cdcd.sources.postgres.state import PgState, TableProgress
+from cdcd.sources.postgres.tables import PgTables
 from cdcd.sources.postgres.types import Unrepresentable
 from cdcd.sources.postgres.wire.replication import ConnectParams
 
@@ -79,6 +81,22 @@ class SnapshotTable:
         types = {c.name: c.sql_type for c in self.info.columns}
         select = ", ".join(quote_ident(c.name) for c in self.shape.schema.columns)
         return keyset_query(select, self.info.table, self.info.key, types, self.after, limit)
+
+
+def resume_tables(t: PgTables, state: PgState) -> list[SnapshotTable]:
+    """Every captured table as the snapshot reads it, after the last key the checkpoint acked (``state``)."""
+    tables: list[SnapshotTable] = []
+    for table in t.tables:
+        entry = state.tables.get(str(table)) or TableProgress()
+        info = t.infos[table]
+        after = entry.last_key if info.key else None
+        tables.append(SnapshotTable(info, t.shapes[table], after, entry.rows if after else 0, entry.done))
+    return tables
+
+
+def snapshot_status(tables: list[SnapshotTable]) -> dict[str, Any]:
+    """The snapshot's progress for /status: rows read, the catalog's estimate, done."""
+    return {str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done} for t in tables}
 
 
 async def _copy(conn: Any, query: str) -> list[bytes]:

@@ -4,7 +4,7 @@
 checkpoint) and hands it to the capture coordinator (``cdcd/capture/coordinator.py``), which runs the snapshot
 (``snapshot.py``, ``PgSnapshot``) and the stream (``stream.py``, ``PgStream``). The durable source state and
 ``fold`` live in ``state.py``; connection parameters and TLS in ``connection.py``; the operator's requests while
-streaming (``cdcd snapshot``, table reloads) in ``requests.py``.
+streaming (``cdcd snapshot``, table reloads) in ``requests.py``; the server identity check in ``system.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cdcd.capture.incremental import plan_tables, stale_from_state
 from cdcd.capture.recovery import Recovering
 from cdcd.capture.retention import RetentionWatch
 from cdcd.config import Config
-from cdcd.errors import PositionLost, SourceError, SourceFatal, reason
+from cdcd.errors import SourceError, SourceFatal, reason
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import PgPosition, Position, format_lsn, parse_lsn
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
@@ -31,14 +31,14 @@ from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import SlotInfo
 from cdcd.sources.postgres.chunks import PgChunkReader
 from cdcd.sources.postgres.connection import connect_params
-from cdcd.sources.postgres.identity import HistoryDiverged, SystemFacts, judge_system, needs_history
 from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, decide
 from cdcd.sources.postgres.recover import PgRecoveries, not_lost
 from cdcd.sources.postgres.requests import PgRequests
-from cdcd.sources.postgres.state import PgState, TableProgress, fold_state
+from cdcd.sources.postgres.state import PgState, fold_state
 from cdcd.sources.postgres.stream import PgStream
-from cdcd.sources.postgres.tables import PgTables, replaced_why
+from cdcd.sources.postgres.system import PgSystem
+from cdcd.sources.postgres.tables import PgTables, check_oids
 from cdcd.sources.postgres.walbudget import WalBudget
 from cdcd.sources.postgres.wire.replication import ReplicationConnection
 
@@ -47,12 +47,6 @@ if TYPE_CHECKING:  # the snapshot reader (numpy, pyarrow.compute) is loaded when
 
 log = structlog.get_logger("cdcd.source.postgres")
 
-HISTORY_FIX = (
-    "The mirror cannot be brought up to date from this server's history. Re-snapshot: stop cdcd (`cdcd stop -c "
-    "CONFIG`), move the state directory (state.path) and the landing zone (landing.path) aside, drop the replication "
-    "slot on the server (SELECT pg_drop_replication_slot('SLOT')), start again with snapshot.mode = \"initial\" and "
-    "let `cdcd spark run` write to a fresh --target (see docs/postgres.md, identity checks)."
-)
 
 
 class PostgresSource(Recovering, Source):
@@ -85,7 +79,7 @@ class PostgresSource(Recovering, Source):
         self._start_mark: Mark | None = None
         self._watermark = PgPosition(0, 0)
         self._stream_changes = True
-        self._system: dict[str, Any] | None = None  # the server identity the checkpoint records (identity.py)
+        self._sys = PgSystem(self._params, self._slot, self._reached)  # the server identity the checkpoint records
         self._announce: list[Item] = []  # Marks to emit before anything else (a new identity record)
         self._resume_position: PgPosition | None = None  # the checkpoint's position at connect
         self._recoveries: PgRecoveries = PgRecoveries(config, self._params, self._slot)  # on_position_lost, recover
@@ -172,8 +166,8 @@ class PostgresSource(Recovering, Source):
         if step is Step.NEW_SLOT_AFTER_LOSS:
             log.warning("the checkpoint's replication slot is gone; snapshot.mode=when_needed takes a new snapshot",
                         slot=state.slot)
-            self._system = None
-            await self._verify_system(None)
+            self._sys.record = None
+            await self._sys.verify(None)
             await self._new_slot_with_snapshot()
             return
         if step is Step.RESUME:
@@ -182,17 +176,17 @@ class PostgresSource(Recovering, Source):
             self._stream.flush_lsn = max(state.flush_lsn, slot.confirmed_flush_lsn or 0)
             if isinstance(resume.position, PgPosition):
                 self._resume_position = resume.position
-            if self._system is None:
-                self._system = state.system
-            if await self._verify_system(None):
+            if self._sys.record is None:
+                self._sys.record = state.system
+            if await self._sys.verify(None):
                 at = self._resume_position or self._watermark
-                self._announce = [Mark(MarkKind.IDENTITY, at, dict(self._system or {}))]
+                self._announce = [Mark(MarkKind.IDENTITY, at, dict(self._sys.record or {}))]
             if state.snapshot == "running":
                 await self._open_snapshot(None, state, slot=self._slot)
             return
         # No checkpoint state: a first start.
-        self._system = None
-        await self._verify_system(None)  # records the server's identity for the start Mark
+        self._sys.record = None
+        await self._sys.verify(None)  # records the server's identity for the start Mark
         if step is Step.NEW_SLOT_STREAM:
             repl = await ReplicationConnection.connect(self._params)
             try:
@@ -222,14 +216,14 @@ class PostgresSource(Recovering, Source):
         at, marks = await self._recoveries.take(self._t.sql, state, lost, resume.position, self._t.tables, log)
         self._watermark = self._resume_position = at
         self._stream.flush_lsn = at.lsn
-        self._announce = [*([Mark(MarkKind.IDENTITY, at, dict(self._system or {}))] if changed else []), *marks]
+        self._announce = [*([Mark(MarkKind.IDENTITY, at, dict(self._sys.record or {}))] if changed else []), *marks]
 
     async def _verify_resumed(self, state: PgState, resume: ResumePoint) -> bool:
         """``_verify_system`` against the checkpoint's identity and position."""
-        self._system = state.system
+        self._sys.record = state.system
         if isinstance(resume.position, PgPosition):
             self._resume_position = resume.position
-        return await self._verify_system(None)
+        return await self._sys.verify(None)
 
     def _last_position(self) -> PgPosition:
         """Where a mark of the running stream goes: the last delivered position, else where the run began."""
@@ -255,27 +249,9 @@ class PostgresSource(Recovering, Source):
         return list(marks)
 
     def _check_oids(self, state: PgState) -> Mark:
-        """A captured table dropped or re-created while cdcd was stopped (or before its flag was committed): its
-        relation OID in the checkpoint differs from the catalog's, or it is gone. Flag it as the heartbeat's check
-        does (``PgStream._check_replaced``); the stream goes on for the others. Returns the TABLES mark that keeps
-        the OIDs: a flagged table keeps its old one until its re-snapshot publishes the new table (``_republish``),
-        so a restart before the flag is committed flags it again. A checkpoint without OIDs (written before they
-        were kept) takes the catalog's: nothing to compare with, no flag."""
-        oids: dict[str, int] = {}
-        for t in self._t.tables:
-            name = str(t)
-            old = state.oids.get(name)
-            info = self._t.infos.get(t)
-            now = info.oid if info is not None else None
-            if old is not None and old != now:
-                why = replaced_why(self._publication, old, now)
-                if now is None:  # gone: an incremental snapshot of it the checkpoint resumes has nothing to read
-                    self._incr.cancel({t}, why)
-                self._incr.mark_stale(t, why)
-            if old is not None and (now is None or t in self._incr.stale):
-                oids[name] = old
-            elif now is not None:
-                oids[name] = now
+        """The TABLES mark that keeps the relation OIDs, flagging a table dropped or re-created while cdcd was
+        stopped (``tables.check_oids``)."""
+        oids = check_oids(self._t, dict(state.oids), self._publication, self._incr)
         return Mark(MarkKind.TABLES, self._last_position(), {"tables": [str(t) for t in self._t.tables], "oids": oids})
 
     # ------------------------------------------------------------ operator requests (issue 13): requests.py
@@ -305,31 +281,6 @@ class PostgresSource(Recovering, Source):
         ckpt = self._resume_position.lsn if self._resume_position is not None else 0
         return max(self._stream.flush_lsn, last_lsn, ckpt)
 
-    async def _verify_system(self, repl: ReplicationConnection | None) -> bool:
-        """IDENTIFY_SYSTEM and judge it against the recorded identity and ``_reached()``; fatal when the server's
-        history does not contain what cdcd captured. True when ``_system`` changed (first record, new timeline)."""
-        own = repl is None
-        conn = repl if repl is not None else await ReplicationConnection.connect(self._params)
-        try:
-            facts = SystemFacts.from_identify(await conn.identify_system())
-            history: str | None = None
-            if needs_history(self._system, facts):
-                rows = await conn.query(f"TIMELINE_HISTORY {facts.timeline}")
-                history = str(rows[0].get("content") or "") if rows else ""
-        finally:
-            if own:
-                await conn.close()
-        try:
-            changed = judge_system(self._system, facts, self._reached(), history, self._params.where)
-        except HistoryDiverged as exc:
-            raise PositionLost(f"{exc}. {HISTORY_FIX.replace('SLOT', self._slot)}") from None
-        if changed:
-            if self._system:
-                log.warning("the server moved to a new timeline that contains everything captured; following it",
-                            old=self._system.get("timeline"), new=facts.timeline)
-            self._system = facts.record()
-        return changed
-
     def _begin(self, watermark: int, snapshot: bool, slot: str | None = "") -> None:
         """Record a first start: the Mark that puts slot and watermark into the checkpoint."""
         name = self._slot if slot == "" else slot
@@ -338,8 +289,8 @@ class PostgresSource(Recovering, Source):
         # the captured list rides on the start mark: a fresh start captures every configured table
         detail: dict[str, Any] = {"slot": name, "watermark": format_lsn(watermark),
                                   "tables": [str(t) for t in self._t.tables], "oids": self._t.oids()}
-        if self._system:
-            detail["system"] = dict(self._system)
+        if self._sys.record:
+            detail["system"] = dict(self._sys.record)
         kind = MarkKind.SNAPSHOT_START if snapshot else MarkKind.STREAM_START
         self._start_mark = Mark(kind, self._watermark, detail)
 
@@ -355,15 +306,9 @@ class PostgresSource(Recovering, Source):
             await repl.close()
 
     async def _open_snapshot(self, snapshot_name: str | None, state: PgState, slot: str | None) -> None:
-        from cdcd.sources.postgres.snapshot import SnapshotReader, SnapshotTable
+        from cdcd.sources.postgres.snapshot import SnapshotReader, resume_tables
 
-        tables: list[SnapshotTable] = []
-        for t in self._t.tables:
-            entry = state.tables.get(str(t)) or TableProgress()
-            info = self._t.infos[t]
-            after = entry.last_key if info.key else None
-            tables.append(SnapshotTable(info, self._t.shapes[t], after, entry.rows if after else 0, entry.done))
-        self._snapshot_tables = tables
+        self._snapshot_tables = tables = resume_tables(self._t, state)
         reader = SnapshotReader(self._params, self._config.snapshot.parallelism, self._config.snapshot.chunk_rows,
                                 self._t.warnings, self._config.snapshot.chunk_bytes)
         await reader.open(snapshot_name, sum(1 for t in tables if not t.done))
@@ -382,9 +327,9 @@ class PostgresSource(Recovering, Source):
     async def _identity_on_connect(self, repl: ReplicationConnection) -> list[Item]:
         """Every replication (re)connect: the server must still hold what was captured; a new timeline is
         recorded with an identity Mark."""
-        if await self._verify_system(repl):
+        if await self._sys.verify(repl):
             at = self._coord.last or self._resume_position or PgPosition(self._stream.flush_lsn, 0)
-            return [Mark(MarkKind.IDENTITY, at, dict(self._system or {}))]
+            return [Mark(MarkKind.IDENTITY, at, dict(self._sys.record or {}))]
         return []
 
     # ------------------------------------------------------------ commit
@@ -415,19 +360,18 @@ class PostgresSource(Recovering, Source):
             "tables": [str(t) for t in self._t.tables],
             **self._stream.status(),
         }
-        if self._system:
-            out["timeline"] = self._system.get("timeline")
+        if self._sys.record:
+            out["timeline"] = self._sys.record.get("timeline")
         out.update(self._incr.status())
         if self._coord.retention is not None:
             out.update(self._coord.retention.status())
         out["position_lost"] = self._recoveries.status()
         if self._chunks.waiting is not None:
             out["incremental_waiting"] = self._chunks.waiting
-        if self._snapshot_tables:
-            out["snapshot"] = {
-                str(t.info.table): {"rows": t.rows, "total_estimate": t.info.estimate, "done": t.done}
-                for t in self._snapshot_tables
-            }
+        if self._snapshot_tables:  # a snapshot ran: its module is loaded
+            from cdcd.sources.postgres.snapshot import snapshot_status
+
+            out["snapshot"] = snapshot_status(self._snapshot_tables)
         return out
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 
+from cdcd.capture.incremental import Incremental
 from cdcd.errors import SourceError, SourceFatal, reason
 from cdcd.events import Fill, TableId, TableSchema
 from cdcd.sources.postgres import catalog, columns
@@ -196,3 +197,28 @@ def replaced_why(publication: str, old: int, new: int | None) -> str:
         return f"it was dropped (relation OID {old} is gone), so publication {publication!r} no longer covers it"
     return (f"it was dropped and re-created (relation OID {old} is now {new}), so publication {publication!r} no "
             "longer covers it")
+
+
+def check_oids(t: PgTables, recorded: dict[str, int], publication: str, incr: Incremental) -> dict[str, int]:
+    """A captured table dropped or re-created while cdcd was stopped (or before its flag was committed): its
+    relation OID in the checkpoint (``recorded``) differs from the catalog's, or it is gone. Flag it as the
+    heartbeat's check does (``PgStream._check_replaced``); the stream goes on for the others. Returns the OIDs to
+    keep: a flagged table keeps its old one until its re-snapshot publishes the new table (``_republish``), so a
+    restart before the flag is committed flags it again. A checkpoint without OIDs (written before they were kept)
+    takes the catalog's: nothing to compare with, no flag."""
+    oids: dict[str, int] = {}
+    for table in t.tables:
+        name = str(table)
+        old = recorded.get(name)
+        info = t.infos.get(table)
+        now = info.oid if info is not None else None
+        if old is not None and old != now:
+            why = replaced_why(publication, old, now)
+            if now is None:  # gone: an incremental snapshot of it the checkpoint resumes has nothing to read
+                incr.cancel({table}, why)
+            incr.mark_stale(table, why)
+        if old is not None and (now is None or table in incr.stale):
+            oids[name] = old
+        elif now is not None:
+            oids[name] = now
+    return oids
