@@ -160,9 +160,48 @@ class SnapshotConfig(_Section):
     one row), so memory stays bounded whatever the row size."""
 
 
+class LandingS3Options(_Section):
+    endpoint: str | None = None
+    """An S3-compatible store's URL (http://host:port); unset: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS."""
+    region: str | None = None
+    """The store's region; unset: AWS_REGION or the AWS config file."""
+    path_style: bool = True
+    """Path-style addressing (http://endpoint/bucket/key), which S3-compatible stores need; false: virtual hosts."""
+    access_key_id: str | None = None
+    """The access key id; unset: the environment (AWS_ACCESS_KEY_ID), the AWS credentials file (AWS_PROFILE), or
+    the machine's role. Set with secret_access_key_file."""
+    secret_access_key_file: Path | None = None
+    """A file holding the secret access key (a trailing newline is ignored); never shown in logs or /status."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """Seconds each request to the store may take (connect, and each read)."""
+
+    @model_validator(mode="after")
+    def _keys_together(self) -> LandingS3Options:
+        if (self.access_key_id is None) != (self.secret_access_key_file is None):
+            raise ValueError("set access_key_id and secret_access_key_file together, or neither (then the "
+                             "environment or the AWS credentials file gives them)")
+        return self
+
+    def secret(self) -> str | None:
+        """The secret access key, read from ``secret_access_key_file`` when that is set."""
+        if self.secret_access_key_file is None:
+            return None
+        try:
+            return self.secret_access_key_file.read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(
+                f"landing.s3.secret_access_key_file: cannot read {self.secret_access_key_file}: {exc.strerror}; "
+                "check the path and that the daemon's user may read it"
+            ) from exc
+
+
 class LandingConfig(_Section):
     path: Path = Path("/var/lib/cdcd/landing")
-    """The landing zone the Spark consumer reads (docs/landing-format.md)."""
+    """The landing zone the Spark consumer reads (docs/landing-format.md): a directory, or object storage as
+    s3://bucket/prefix (landing.s3)."""
+    s3: LandingS3Options = LandingS3Options()
+    """How to reach the object store when landing.path is s3://bucket/prefix (docs/operations.md, "Landing on
+    object storage")."""
     ack: Literal["landed", "consumed"] = "landed"
     """landed: a batch is acked once durable in the landing zone; consumed: once the Spark consumer committed it."""
     max_batch_events: int = Field(default=50000, ge=1)

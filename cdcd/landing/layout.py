@@ -4,6 +4,7 @@
 LANDING/
   manifests/<seq:020d>.json      a batch is visible once its manifest is here
   data/<seq:020d>-<n:04d>.parquet one file per table (per schema version) per batch
+                                 (object storage: <seq:020d>-<n:04d>-<attempt>.parquet, unique per attempt)
   consumed/<seq:020d>            written by the consumer once the batch is in the target
   zone.json                      the zone's identity, created once with the zone
 ```
@@ -30,7 +31,7 @@ CONSUMED = "consumed"
 ZONE_FILE = "zone.json"
 
 _MANIFEST_RE = re.compile(r"^(\d{20})\.json$")
-_DATA_RE = re.compile(r"^(\d{20})-(\d{4})\.parquet$")
+_DATA_RE = re.compile(r"^(\d{20})-(\d{4})(?:-[0-9a-f]{1,32})?\.parquet$")
 _CONSUMED_RE = re.compile(r"^(\d{20})$")
 
 
@@ -38,8 +39,9 @@ def manifest_name(seq: int) -> str:
     return f"{seq:020d}.json"
 
 
-def data_name(seq: int, index: int) -> str:
-    return f"{seq:020d}-{index:04d}.parquet"
+def data_name(seq: int, index: int, attempt: str | None = None) -> str:
+    """A data file's name; on object storage (no rename) the writer's ``attempt`` id makes it unique."""
+    return f"{seq:020d}-{index:04d}-{attempt}.parquet" if attempt else f"{seq:020d}-{index:04d}.parquet"
 
 
 def consumed_name(seq: int) -> str:

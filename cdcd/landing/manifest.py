@@ -243,8 +243,17 @@ class Manifest:
 def load_manifest(path: Path) -> dict[str, Any]:
     """Read and check a manifest's document; a damaged one is fatal (the landing zone was tampered with)."""
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        blob = path.read_bytes()
+    except OSError as exc:
+        raise SinkFatal(f"landing manifest {path} cannot be read: {exc}; restore it or remove the batch") from exc
+    return parse_manifest(blob, str(path))
+
+
+def parse_manifest(blob: bytes, path: str) -> dict[str, Any]:
+    """Check a manifest's document read from ``path`` (a file or an object's URL)."""
+    try:
+        doc = json.loads(blob)
+    except ValueError as exc:
         raise SinkFatal(f"landing manifest {path} cannot be read: {exc}; restore it or remove the batch") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise SinkFatal(f"landing manifest {path} is not a {FORMAT_NAME} manifest")

@@ -2,6 +2,9 @@
 
 Batches are listed from ``manifests/`` only (docs/landing-format.md): a batch is
 visible once its manifest is. ``mark_consumed`` is the one thing a consumer writes.
+
+A zone on object storage (``s3://bucket/prefix``) is read the same way; the store is reached with boto3's
+usual settings (AWS_ENDPOINT_URL, AWS_REGION, the credentials chain), or those ``use_store`` gives it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,28 @@ from cdcd.events import TableId
 from cdcd.fsutil import write_durably
 from cdcd.landing import layout
 from cdcd.landing.layout import CONSUMED, MANIFESTS
-from cdcd.landing.manifest import FileEntry, Manifest, TableEntry, read
+from cdcd.landing.manifest import FileEntry, Manifest, TableEntry, parse_manifest, read
+from cdcd.landing.objstore import Location, ObjectStore, Settings, is_object_url
+
+_stores: dict[str, ObjectStore] = {}
+
+
+def use_store(url: str, settings: Settings) -> ObjectStore:
+    """Read the zone at ``url`` with these settings (an endpoint, keys) instead of boto3's defaults."""
+    location = Location.parse(url)
+    store = _stores[location.url] = ObjectStore(location, settings)
+    return store
+
+
+def store_of(path: Path | str) -> ObjectStore | None:
+    """The object store holding the zone at ``path``; None for a zone on a file system."""
+    if not is_object_url(path):
+        return None
+    location = Location.parse(path)
+    store = _stores.get(location.url)
+    if store is None:
+        store = _stores[location.url] = ObjectStore(location)
+    return store
 
 
 @dataclass(slots=True)
@@ -36,10 +60,12 @@ class LandedFile:
 def table_files(landing: Path, segment: Sequence[tuple[int, Manifest]]) -> dict[tuple[str, str], list[LandedFile]]:
     """The landed files of a run of batches (seq, manifest), per (schema, table), in batch order."""
     out: dict[tuple[str, str], list[LandedFile]] = {}
+    base = Location.parse(landing).url if is_object_url(landing) else None  # s3://bucket/prefix
     for seq, manifest in segment:
         for entry in manifest.files:
             name = (entry.table.schema, entry.table.name)
-            out.setdefault(name, []).append(LandedFile(seq, str(landing / entry.path), entry))
+            where = f"{base}/{entry.path}" if base else str(landing / entry.path)
+            out.setdefault(name, []).append(LandedFile(seq, where, entry))
     return out
 
 
@@ -92,20 +118,41 @@ class LandedBatch:
 
 def landed_seqs(path: Path | str) -> list[int]:
     """Seqs of the visible batches, ascending (they may have gaps)."""
+    store = store_of(path)
+    if store is not None:
+        return sorted(s for s in (layout.manifest_seq(e.name) for e in store.listdir(MANIFESTS)) if s is not None)
     return layout.seqs_in(Path(path) / MANIFESTS)
 
 
 def read_manifest(path: Path | str, seq: int) -> Manifest:
     """The checked manifest of batch ``seq``."""
+    store = store_of(path)
+    if store is not None:
+        name = f"{MANIFESTS}/{layout.manifest_name(seq)}"
+        blob = store.get(name)
+        if blob is None:
+            raise SinkFatal(f"landing manifest {store.location.url}/{name} does not exist; batch {seq} is not landed")
+        return Manifest.from_json(parse_manifest(blob, f"{store.location.url}/{name}"))
     return read(Path(path) / MANIFESTS / layout.manifest_name(seq))
 
 
+def _data(path: Path | str, entry: FileEntry) -> bytes:
+    store = store_of(path)
+    if store is None:
+        return (Path(path) / entry.path).read_bytes()
+    blob = store.get(entry.path)
+    if blob is None:
+        raise SinkFatal(f"landing zone {store.location.url}: {entry.path}, named by a manifest, is missing; restore "
+                        "it or remove the batch")
+    return blob
+
+
 def read_batch(path: Path | str, seq: int, verify: bool = True) -> LandedBatch:
-    root = Path(path)
+    root = path if is_object_url(path) else Path(path)
     manifest = read_manifest(root, seq)
     batch = LandedBatch(seq, manifest, consumed=is_consumed(root, seq))
     for entry in manifest.files:
-        blob = (root / entry.path).read_bytes()
+        blob = _data(root, entry)
         if verify and hashlib.sha256(blob).hexdigest() != entry.sha256:
             raise SinkFatal(f"landing zone {root}: {entry.path} does not match its checksum in batch {seq}")
         t = entry.table
@@ -120,16 +167,26 @@ def read_batches(path: Path | str, verify: bool = True) -> list[LandedBatch]:
 
 def mark_consumed(path: Path | str, seq: int) -> None:
     """Record durably that the consumer has committed batch ``seq`` into its target."""
+    store = store_of(path)
+    if store is not None:
+        store.put(f"{CONSUMED}/{layout.consumed_name(seq)}", f"{time.time():.6f}\n".encode())
+        return
     consumed = Path(path) / CONSUMED
     consumed.mkdir(parents=True, exist_ok=True)
     write_durably(consumed / layout.consumed_name(seq), f"{time.time():.6f}\n".encode())
 
 
 def is_consumed(path: Path | str, seq: int) -> bool:
+    store = store_of(path)
+    if store is not None:
+        return store.get(f"{CONSUMED}/{layout.consumed_name(seq)}") is not None
     return (Path(path) / CONSUMED / layout.consumed_name(seq)).exists()
 
 
 def consumed_seqs(path: Path | str) -> list[int]:
+    store = store_of(path)
+    if store is not None:
+        return sorted(s for s in (layout.consumed_seq(e.name) for e in store.listdir(CONSUMED)) if s is not None)
     d = Path(path) / CONSUMED
     if not d.is_dir():
         return []

@@ -12,6 +12,7 @@ from cdcd.errors import SinkFatal
 from cdcd.fsutil import write_durably
 from cdcd.landing.layout import FORMAT_NAME, ZONE_FILE
 from cdcd.landing.manifest import canonical
+from cdcd.landing.objstore import ObjectStore
 
 
 def new_zone() -> dict[str, Any]:
@@ -47,4 +48,23 @@ def ensure_zone_id(root: Path) -> str:
         doc = new_zone()
         write_durably(root / ZONE_FILE, canonical(doc))
         zone = str(doc["zone_id"])
+    return zone
+
+
+def ensure_object_zone_id(store: ObjectStore) -> str:
+    """``ensure_zone_id`` on object storage: the identity is created with a conditional PUT, so of two writers
+    creating a zone at once one identity wins and both read it back."""
+    where = f"{store.location.url}/{ZONE_FILE}"
+    blob = store.get(ZONE_FILE)
+    if blob is None:
+        store.create(ZONE_FILE, canonical(new_zone()))
+        blob = store.get(ZONE_FILE)
+    try:
+        doc = json.loads(blob or b"")
+    except ValueError as exc:
+        raise SinkFatal(f"landing zone identity {where} cannot be read: {exc}; restore it (its zone_id is in "
+                        "every manifest landed since it was created)") from exc
+    zone = doc.get("zone_id") if isinstance(doc, dict) else None
+    if not isinstance(zone, str) or not zone:
+        raise SinkFatal(f"landing zone identity {where} has no zone_id; restore it from a manifest's zone_id")
     return zone

@@ -8,11 +8,15 @@ from cdcd.runtime.interfaces import Sink
 
 def make_sink(config: Config) -> Sink:
     """The sink the config asks for."""
+    from cdcd.landing.objstore import Settings
     from cdcd.sinks.landing import LandingSink
 
+    s3 = config.landing.s3
     return LandingSink(
         config.landing.path,
         ack=config.landing.ack,
         retention_s=config.landing.retention_s,
         source_kind=config.source.kind,
+        s3=Settings(endpoint=s3.endpoint, region=s3.region, path_style=s3.path_style,
+                    access_key_id=s3.access_key_id, secret_access_key=s3.secret(), timeout_s=s3.timeout_s),
     )
