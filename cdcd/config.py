@@ -374,4 +374,5 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None, connects
     config = parse_config(doc, env, origin=str(path))
     if connects:
         config.source.secret()  # an unreadable password_file is a config error now, not at connect time
+        config.landing.s3.secret()
     return config
