@@ -22,6 +22,7 @@ from cdcd.capture.contracts import CapturePlan
 from cdcd.capture.coordinator import CaptureCoordinator
 from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, plan_tables, stale_from_state
 from cdcd.capture.recovery import Recovering
+from cdcd.capture.retention import Retention, RetentionWatch
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
@@ -31,6 +32,7 @@ from cdcd.sources.mysql.binlog import StartPoint
 from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.ddl import parse_ddl
+from cdcd.sources.mysql.expiry import EXPIRY_VARIABLES, BinlogExpiry, expiry_check
 from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of, query_error
 from cdcd.sources.mysql.identity import (
     BinlogFacts,
@@ -101,6 +103,10 @@ class MySqlSource(Recovering, Source):
         self._snapshot: MySqlSnapshot | None = None  # the last snapshot run, for /status
         self._resumed_at: MySqlPosition | None = None  # the checkpoint's position: marks up to it are not new
         self._recoveries: MyRecoveries = MyRecoveries(config, self.server)  # on_position_lost, `cdcd recover`
+        # the checkpoint's binlog file against the server's expiry while streaming: warnings, incremental pauses
+        self._expiry = BinlogExpiry(self.conn, config.source.retention, self._stream.newest_event)
+        self._coord.retention = RetentionWatch(config.source.retention, self._expiry_probe, self._incr.gate, log,
+                                               config.source.connect_timeout_s + config.runtime.source_read_timeout_s)
 
     # ------------------------------------------------------------ connect
     async def connect(self, resume: ResumePoint) -> None:
@@ -254,8 +260,19 @@ class MySqlSource(Recovering, Source):
         return fold_state(state, items)
 
     async def confirm(self, position: Position, state: dict[str, Any]) -> None:
-        """Nothing to tell the server: a binlog dump has no acknowledgements."""
-        return None
+        """Nothing to tell the server (a binlog dump has no acknowledgements); the expiry watch follows the file."""
+        if isinstance(position, MySqlPosition) and position.file:
+            self._expiry.checkpoint_file = position.file
+
+    async def _expiry_probe(self) -> Retention:
+        reader = self._stream.reader
+        if self._expiry.checkpoint_file is None:  # nothing checkpointed in this process yet: where the stream began
+            resumed = self._resumed_at or self._stream.resume_pos
+            start = self._stream.start
+            self._expiry.checkpoint_file = (resumed.file if resumed is not None and resumed.file else None) or \
+                (start.file if start is not None and start.file else None) or \
+                (reader.decoder.file if reader is not None and reader.decoder.file else None)
+        return await self._expiry.probe()
 
     # ------------------------------------------------------------ checks, status, shutdown
     async def preflight(self) -> list[CheckResult]:
@@ -278,9 +295,10 @@ class MySqlSource(Recovering, Source):
                 "TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION", (t.schema, t.name))
             tables[str(t)] = (bool(exists), tuple(str(r[0]) for r in key))
         facts = ServerFacts(v.get("version", ""), v, grants, tables, self.server.server_id)
+        expiry = {str(k).lower(): str(v) for k, v in await query(EXPIRY_VARIABLES)}
         return [CheckResult("connect", True, f"{self.conn.user}@{self.conn.where}"),
                 tls_check(self.conn.tls, tls_status.get("ssl_version", ""), tls_status.get("ssl_cipher", "")),
-                *evaluate(facts)]
+                *evaluate(facts), expiry_check(expiry)]
 
     # ------------------------------------------------------------ operator requests (issue 13)
 
@@ -409,6 +427,8 @@ class MySqlSource(Recovering, Source):
                                for t, p in snap.progress.items()}
         out.update(self._stream.status())
         out.update(self._incr.status())
+        if self._coord.retention is not None:
+            out.update(self._coord.retention.status())
         out["position_lost"] = self._recoveries.status()
         return out
 

@@ -111,6 +111,7 @@ class MySqlStream:
         self.reader: BinlogReader | None = None
         self.channel: Channel | None = None
         self.lag_ms: float | None = None
+        self.newest_event: dict[str, float] = {}  # binlog file -> commit time of the newest change read in it
         self.resend_skip: tuple[str, int] | None = None  # (GTID set, seq): resent items of a partial transaction
         self._restarted: asyncio.Event | None = None  # set when a run after a ``restream`` has its reader going
         self.columnar = True  # row changes as ChangeBlocks (decode.py); False: the row path, one ChangeEvent per row
@@ -185,6 +186,8 @@ class MySqlStream:
                         self.resend_skip = None
                     if (type(item) is ChangeEvent or type(item) is ChangeBlock) and item.commit_ts is not None:
                         self.lag_ms = max(0.0, (time.time() - item.commit_ts.timestamp()) * 1000)
+                        if isinstance(item.position, MySqlPosition):  # the file was closed after it (expiry.py)
+                            self.newest_event[item.position.file] = item.commit_ts.timestamp()
                     yield item
         finally:
             watch.cancel()

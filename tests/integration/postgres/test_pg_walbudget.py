@@ -11,12 +11,9 @@ from typing import Any
 
 import pytest
 import structlog
-from pg_helpers import Driver, pg_config, wait_for
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
+from pg_helpers import Driver, pg_config
+from support.retention import pull, scrape, wait_until
 
-from cdcd.daemon.metrics import StatusCollector
 from cdcd.sources.postgres import PostgresSource
 from devtools.servers import PostgresServer
 
@@ -45,49 +42,36 @@ def retention(src: PostgresSource) -> dict[str, Any]:
     return dict(src.status().get("retention") or {})
 
 
-def scrape(src: PostgresSource) -> dict[str, float]:
-    """The /metrics samples of the source's status, by name and labels (``name{label="value"}``)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(lambda: {"source": src.status()}, lambda: True))
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
-
-
 async def test_a_low_wal_budget_warns_pauses_the_incremental_snapshot_and_resumes_it(
-        small_budget_server: PostgresServer, pg_server: PostgresServer) -> None:
+        small_budget_server: PostgresServer, pg_server: PostgresServer, pg_db: str) -> None:
     server, db = small_budget_server, "budget"
     server.create_database(db)
     server.psql("CREATE TABLE t (id int PRIMARY KEY, v int); CREATE TABLE burn (x int); "
                 "INSERT INTO t SELECT g, g FROM generate_series(1, 600) g", db)
     cfg = pg_config(server, db, ["public.t"], snapshot={"mode": "never", "chunk_rows": 20},
                     source={"retention": {"margin": 0.5, "margin_s": 0, "check_interval_s": 0.2}})
-    src = PostgresSource(cfg)
     with structlog.testing.capture_logs() as logs:
         async with Driver(cfg) as d:
-            src = d.source  # type: ignore[assignment]
+            src = d.source
             assert isinstance(src, PostgresSource)
             puller = asyncio.create_task(pull(d))
             try:
-                await wait_for(lambda: retention(src).get("state") == "ok", what="a first reading of the budget")
+                await wait_until(lambda: retention(src).get("state") == "ok", what="a first reading of the budget")
                 first = retention(src)
                 assert first["wal_status"] == "reserved" and first["max_slot_wal_keep_size_bytes"] == KEEP_MB << 20
                 assert first["fraction_left"] > 0.5 and not first["incremental_paused"]
 
                 src.request_snapshot("public.t")
-                await wait_for(lambda: chunks(src) >= 2, what="the incremental snapshot's first chunks")
+                await wait_until(lambda: chunks(src) >= 2, what="the incremental snapshot's first chunks")
                 # the consumer stops committing: the slot holds the WAL written from here on
                 burn_segments(server, db, 3)
-                await wait_for(lambda: retention(src).get("state") == "low", what="the budget within the margin")
+                await wait_until(lambda: retention(src).get("state") == "low", what="the budget within the margin")
                 low = retention(src)
                 assert low["low"] and low["fraction_left"] <= 0.5 and low["safe_wal_size"] < (KEEP_MB << 19)
                 assert "may hold" in low["message"]
-                await wait_for(lambda: src.status().get("incremental_paused") is not None, what="the pause")
+                await wait_until(lambda: src.status().get("incremental_paused") is not None, what="the pause")
                 paused_at = chunks(src)
-                metrics = scrape(src)
+                metrics = scrape({"source": src.status()})
                 assert metrics["cdcd_source_retention_low"] == 1 and metrics["cdcd_incremental_snapshots_paused"] == 1
                 assert metrics['cdcd_postgres_slot_wal_status{wal_status="reserved"}'] == 1
                 assert metrics["cdcd_postgres_max_slot_wal_keep_size_bytes"] == KEEP_MB << 20
@@ -95,7 +79,7 @@ async def test_a_low_wal_budget_warns_pauses_the_incremental_snapshot_and_resume
                 assert metrics["cdcd_source_retention_fraction_left"] <= 0.5
                 # paused between chunks: at most the chunk read before the pause still lands, over several readings
                 checked = retention(src)["checked_at"]
-                await wait_for(lambda: retention(src)["checked_at"] > checked + 1, what="more readings")
+                await wait_until(lambda: retention(src)["checked_at"] > checked + 1, what="more readings")
                 assert chunks(src) <= paused_at + 1 and job(src)["state"] == "running"
 
                 # the consumer commits again: the slot lets go of the WAL and the snapshot goes on by itself
@@ -110,14 +94,14 @@ async def test_a_low_wal_budget_warns_pauses_the_incremental_snapshot_and_resume
                     if await release():
                         break
                 assert retention(src)["state"] == "ok", retention(src)
-                await wait_for(lambda: job(src)["state"] == "done", timeout=120, what="the snapshot's end")
+                await wait_until(lambda: job(src)["state"] == "done", timeout=120, what="the snapshot's end")
                 assert src.status().get("incremental_paused") is None
 
                 # no commits again, past the limit: unreserved (the next checkpoint would invalidate the slot)
                 burn_segments(server, db, KEEP_MB // 16 + 2)
-                await wait_for(lambda: retention(src).get("state") == "unreserved", what="unreserved")
+                await wait_until(lambda: retention(src).get("state") == "unreserved", what="unreserved")
                 assert retention(src)["wal_status"] == "unreserved" and retention(src)["left_s"] == 0
-                metrics = scrape(src)
+                metrics = scrape({"source": src.status()})
                 assert metrics['cdcd_source_retention_state{state="unreserved"}'] == 1
                 assert metrics["cdcd_postgres_slot_retained_wal_bytes"] > KEEP_MB << 20
             finally:
@@ -134,18 +118,10 @@ async def test_a_low_wal_budget_warns_pauses_the_incremental_snapshot_and_resume
     # `cdcd check`: the tiny limit here fails with its fix; the shared server's default (-1) passes, and says so
     check = {r.name: r for r in await PostgresSource(cfg).preflight()}["max_slot_wal_keep_size"]
     assert not check.ok and "64 MB is tiny" in check.detail and "ALTER SYSTEM SET max_slot_wal_keep_size" in check.fix
-    pg_server.create_database("budget_check")
-    shared = pg_config(pg_server, "budget_check", ["public.t"])
-    pg_server.psql("CREATE TABLE t (id int PRIMARY KEY)", "budget_check")
+    shared = pg_config(pg_server, pg_db, ["public.t"])
+    pg_server.psql("CREATE TABLE t (id int PRIMARY KEY)", pg_db)
     check = {r.name: r for r in await PostgresSource(shared).preflight()}["max_slot_wal_keep_size"]
     assert check.ok and "-1 (unlimited)" in check.detail and "disk is full" in check.detail
-
-
-async def pull(d: Driver) -> None:
-    """The stream keeps being read (the incremental snapshot's chunks go out through it); nothing is committed
-    unless the test says so."""
-    while await d.next(3600) is not None:
-        pass
 
 
 def job(src: PostgresSource) -> dict[str, Any]:
