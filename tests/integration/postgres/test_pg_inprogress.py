@@ -22,6 +22,8 @@ from cdcd.sources.postgres import PostgresSource
 from cdcd.sources.postgres.inprogress import SUFFIX, spool_dir
 from devtools.servers import PostgresServer
 
+pytestmark = pytest.mark.pg18  # also on PostgreSQL 18 (docs/testing.md)
+
 NEVER = {"mode": "never"}
 
 
@@ -109,9 +111,15 @@ async def test_values_larger_than_the_spool_read_block_land_whole(
     assert [e.after["v"] for e in evs[:3]] == [chr(64 + g) * 9000000 for g in (1, 2, 3)]  # type: ignore[index]
 
 
+def _aborted_streams(server: PostgresServer, before_18: int) -> int:
+    """How many already-aborted transactions the server streams: PostgreSQL 18 checks the commit log before it
+    streams a transaction and drops one that aborted (it never reaches cdcd); 14-17 stream it, then abort it."""
+    return before_18 if int(server.psql("SHOW server_version_num")) < 180000 else 0
+
+
 @pytest.mark.usefixtures("small_work_mem")
 async def test_aborted_streamed_transaction_lands_nothing(
-        pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
+        pg_server: PostgresServer, pg_db: str, make_config: Callable[..., Config], sql: Callable[[str], str]) -> None:
     sql("CREATE TABLE t (id int PRIMARY KEY, v text)")
     cfg = _config(make_config, pg_db, ["public.t"])
     async with Driver(cfg) as d:
@@ -119,7 +127,9 @@ async def test_aborted_streamed_transaction_lands_nothing(
         sql("INSERT INTO t VALUES (0, 'kept')")
         items = await _until_commits(d, 1)
         status = d.source.status()
-    assert status["in_progress"]["aborted"] == 1 and status["in_progress"]["committed"] == 0, status
+    # PostgreSQL 18 does not stream a transaction the commit log already shows aborted: it is dropped unsent
+    assert status["in_progress"]["aborted"] == _aborted_streams(pg_server, 1), status
+    assert status["in_progress"]["committed"] == 0, status
     assert [(e.op, e.after) for e in changes(items)] == [(Op.CREATE, {"id": 0, "v": "kept"})]
     assert _spool_files(cfg) == []
 
@@ -263,7 +273,8 @@ async def test_protocol_1_and_2_land_identical_events(
         await other.close()
     assert s1["proto_version"] == 1 and "in_progress" not in s1
     assert s2["proto_version"] == 2 and s2["in_progress"]["committed"] >= 4, s2
-    assert s2["in_progress"]["aborted"] >= 1 and s2["in_progress"]["aborted_subtransactions"] >= 1, s2
+    assert s2["in_progress"]["aborted"] >= _aborted_streams(pg_server, 1), s2
+    assert s2["in_progress"]["aborted_subtransactions"] >= 1, s2
     l1, l2 = _landed(got1), _landed(got2)
     assert len(l1) > 20000
     assert l1 == l2

@@ -16,6 +16,8 @@ from cdcd.config import Config
 from cdcd.events import ChangeEvent, MarkKind
 from devtools.servers import PostgresServer
 
+pytestmark = pytest.mark.pg18  # also on PostgreSQL 18 (docs/testing.md)
+
 
 async def _writer(dsn: str, stop: asyncio.Event, seed: int, size: int) -> int:
     """Random inserts, updates (some of the key) and deletes until told to stop."""

@@ -17,6 +17,8 @@ from cdcd.events import ChangeEvent, MarkKind, Op
 from cdcd.positions import PgPosition, parse_lsn
 from devtools.servers import PostgresServer
 
+pytestmark = pytest.mark.pg18  # also on PostgreSQL 18 (docs/testing.md)
+
 NEVER = {"mode": "never"}
 
 

@@ -11,11 +11,14 @@ from typing import Any
 
 import asyncpg
 import pyarrow as pa
+import pytest
 from pg_helpers import Driver, changes, marks
 
 from cdcd.config import Config
 from cdcd.events import ChangeEvent
 from devtools.servers import PostgresServer
+
+pytestmark = pytest.mark.pg18  # also on PostgreSQL 18 (docs/testing.md)
 
 DDL = """
 CREATE TYPE mood AS ENUM ('sad', 'happy');
