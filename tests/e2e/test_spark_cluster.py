@@ -72,7 +72,8 @@ def submit(cluster: SparkCluster, landing: str, target: str, *conf: str) -> str:
     proc = subprocess.run(
         [SPARK_SUBMIT, "--master", cluster.url, "--name", "cdcd-on-the-cluster",
          "--jars", ",".join(str(p) for p in found), "--driver-memory", "1g", "--executor-memory", "1g",
-         "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.ui.enabled=false", *conf,
+         "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.databricks.delta.snapshotPartitions=2",
+         "--conf", "spark.ui.enabled=false", *conf,
          cdcd.spark.consumer.__file__, "--landing", landing, "--target", target, "--format", "delta", "--once"],
         capture_output=True, text=True, env=env, timeout=600,
     )
