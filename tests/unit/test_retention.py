@@ -84,9 +84,9 @@ def test_the_metrics_and_cdcd_status_show_the_budget(capsys: pytest.CaptureFixtu
 
 def test_the_retention_keys_are_checked_and_in_the_example_configs() -> None:
     base = {"kind": "postgres", "user": "u", "database": "d", "tables": ["public.t"]}
-    with pytest.raises(ConfigError, match="source.retention.margin"):
+    with pytest.raises(ConfigError, match=r"source\.retention\.margin"):
         parse_config({"source": {**base, "retention": {"margin": 1.5}}}, env={})
-    with pytest.raises(ConfigError, match="source.retention.check_interval_s"):
+    with pytest.raises(ConfigError, match=r"source\.retention\.check_interval_s"):
         parse_config({"source": {**base, "retention": {"check_interval_s": 0}}}, env={})
     for name in ("cdcd.example.toml", "cdcd.mariadb.example.toml"):
         assert load_config(ROOT / "config" / name, env={}, connects=False).source.retention == RetentionOptions()
