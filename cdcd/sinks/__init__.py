@@ -17,6 +17,7 @@ def make_sink(config: Config) -> Sink:
         ack=config.landing.ack,
         retention_s=config.landing.retention_s,
         source_kind=config.source.kind,
+        open_retry_s=config.runtime.source_retry_timeout_s, open_retry_max_s=config.runtime.reconnect_max_s,
         s3=Settings(endpoint=s3.endpoint, region=s3.region, path_style=s3.path_style,
                     access_key_id=s3.access_key_id, secret_access_key=s3.secret(), timeout_s=s3.timeout_s),
     )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
+import structlog
 
 from cdcd.errors import SinkError, SinkFatal
 from cdcd.fsutil import fsync_dir, fsync_files, storage_fix, temp_name, write_temp
@@ -40,6 +41,7 @@ from cdcd.landing.manifest import (
 )
 from cdcd.landing.objstore import Location, ObjectStore, Settings, is_object_url
 from cdcd.landing.zone import ensure_zone_id
+from cdcd.retry import Backoff
 from cdcd.runtime.interfaces import Batch, Sink
 from cdcd.sinks.batchfiles import (
     _group,
@@ -52,6 +54,8 @@ from cdcd.sinks.batchfiles import (
 from cdcd.sinks.objlanding import ObjectLandingWriter
 
 AckMode = Literal["landed", "consumed"]
+
+_log = structlog.get_logger("cdcd.sinks")
 
 #: How often the consumed-mode watcher looks for markers.
 POLL_S = 0.1
@@ -200,11 +204,12 @@ class LandingSink(Sink):
 
     def __init__(
         self, path: Path | str, ack: AckMode = "landed", retention_s: float = 86400.0, source_kind: str = "",
-        s3: Settings | None = None,
+        s3: Settings | None = None, open_retry_s: float = 600.0, open_retry_max_s: float = 60.0,
     ) -> None:
         self.path = Path(path)
         self.ack = ack
         self.retention_s = retention_s
+        self.open_retry_s, self.open_retry_max_s = open_retry_s, open_retry_max_s  # the store at start
         self.run_id = uuid.uuid4().hex
         self._writer: LandingWriter | ObjectLandingWriter
         if is_object_url(path):  # s3://bucket/prefix: cdcd/sinks/objlanding.py
@@ -230,13 +235,25 @@ class LandingSink(Sink):
         self._acks = asyncio.Queue()
         self._pending.clear()
         self._closed = False
-        try:
-            self.landed_seq = await asyncio.to_thread(self._writer.prepare)
-        except OSError as exc:
-            raise SinkFatal(
-                f"landing zone {self.path}: cannot prepare it: {exc}; check that the directory is writable "
-                "by the daemon's user (landing.path)"
-            ) from exc
+        retry = Backoff(max_s=self.open_retry_max_s, budget_s=self.open_retry_s, give_up=self._gave_up)
+        while True:
+            try:
+                self.landed_seq = await asyncio.to_thread(self._writer.prepare)
+                break
+            except OSError as exc:
+                raise SinkFatal(
+                    f"landing zone {self.path}: cannot prepare it: {exc}; check that the directory is writable "
+                    "by the daemon's user (landing.path)"
+                ) from exc
+            except SinkError as exc:  # object storage unreachable or failing at start: wait for it, bounded
+                if exc.fatal:
+                    raise
+                self._failed(str(exc))
+                delay = retry.failure(exc)
+                _log.warning("landing zone not ready, retrying", error=str(exc), retry_in_s=round(delay, 2),
+                             failing_for_s=round(retry.failed_for_s(), 1))
+                await asyncio.sleep(delay)
+        self.failing_since = None
         if self.ack == "consumed":
             self._watcher = asyncio.create_task(self._watch_consumed(), name="landing-consumed-watcher")
         return self.landed_seq
@@ -271,6 +288,10 @@ class LandingSink(Sink):
             self._acks.put_nowait(batch.seq)
         else:
             self._pending.add(batch.seq)
+
+    def _gave_up(self, elapsed: float, error: BaseException) -> BaseException:
+        return SinkFatal(f"landing zone {self.where} did not answer for {elapsed:.0f} s at start "
+                         f"(runtime.source_retry_timeout_s): {error}")
 
     def _failed(self, error: str) -> None:
         self.write_failures += 1

@@ -4,6 +4,7 @@ writers never both publish a seq; the store unreachable is retried, rejected cre
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -143,8 +144,19 @@ async def test_two_writers_never_both_publish_a_seq(s3_server: S3Server, s3_buck
 async def test_unreachable_store_is_retried_and_rejected_keys_are_fatal(s3_server: S3Server, s3_bucket: str) -> None:
     url = zone(s3_server, s3_bucket)
     with FaultProxy(s3_server.port) as proxy:
-        sink = LandingSink(url, s3=settings(s3_server, port=proxy.port))
-        await sink.open()
+        proxy.refuse(3600)  # unreachable at start: open() waits for it, within its budget
+        gives_up = LandingSink(url, s3=settings(s3_server, port=proxy.port), open_retry_s=1, open_retry_max_s=0.2)
+        with pytest.raises(SinkFatal, match="did not answer for"):
+            await gives_up.open()
+        sink = LandingSink(url, s3=settings(s3_server, port=proxy.port), open_retry_max_s=0.2)
+        opening = asyncio.create_task(sink.open())
+        deadline = time.monotonic() + 60
+        while not sink.write_failures and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not opening.done() and "reachable" in str(sink.last_write_error)
+        proxy.refuse(0)
+        assert await asyncio.wait_for(opening, 60) == 0 and sink.failing_since is None
+        sink.write_failures = 0
         proxy.refuse(600)  # the store goes away: no new connections, the open ones cut
         proxy.reset()
         with pytest.raises(SinkError) as failed:
