@@ -43,6 +43,10 @@ class PostgresOptions(_Section):
     """How long a table's incremental snapshot waits, after the table joined the publication, for the transactions
     open at that moment to end (pgoutput never sends what they wrote before it); past it the snapshot fails naming
     them (docs/postgres.md, "Incremental snapshots")."""
+    failover_slot: bool = False
+    """On PostgreSQL 17+: create the slot with `failover`, so that a standby with `sync_replication_slots = on`
+    keeps a copy and cdcd goes on after a promotion (docs/postgres.md, "Failover slots"); refused on an older
+    server. Applies when cdcd creates the slot."""
 
 
 class MySqlOptions(_Section):

@@ -9,11 +9,13 @@ from cdcd.errors import SourceError
 from cdcd.events import TableId
 from cdcd.runtime.interfaces import CheckResult
 from cdcd.sources.postgres import catalog
+from cdcd.sources.postgres.failover import failover_checks
 from cdcd.sources.postgres.walbudget import keep_size_check
 from cdcd.sources.postgres.wire.replication import ConnectParams, ReplicationConnection
 
 
-async def run_preflight(params: ConnectParams, tables: list[TableId], slot: str, publication: str) -> list[CheckResult]:
+async def run_preflight(params: ConnectParams, tables: list[TableId], slot: str, publication: str,
+                        failover: bool = False) -> list[CheckResult]:
     try:
         conn = await catalog.connect_sql(params)
     except SourceError as exc:
@@ -27,6 +29,7 @@ async def run_preflight(params: ConnectParams, tables: list[TableId], slot: str,
             *await _publication(conn, publication, tables),
             await _slot(conn, slot, params.database),
             await keep_size_check(conn),
+            *await failover_checks(conn, slot, failover),
             await _replication_connection(params),
         ]
     finally:

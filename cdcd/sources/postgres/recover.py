@@ -24,6 +24,7 @@ class PgRecoveries(Recoveries):
     def __init__(self, config: Config, params: ConnectParams, slot: str) -> None:
         super().__init__(config)
         self._params, self._slot = params, slot
+        self._failover = config.source.postgres.failover_slot  # the new slot is one the standbys keep, like the old
 
     def judge(self, slot: SlotInfo | None, state: PgState) -> tuple[SlotInfo | None, str | None]:
         """``check_slot``; a slot that lost its WAL is, when a recovery may follow, no slot: (None, what was lost)."""
@@ -40,20 +41,20 @@ class PgRecoveries(Recoveries):
     async def take(self, sql: Any, state: PgState, lost: str | None, before: Position | None,
                    tables: list[TableId], log: Any) -> tuple[PgPosition, list[Mark]]:
         """The new slot (the one that lost its WAL dropped first), and the marks of the recovery at its point."""
-        lsn = await new_slot(self._params, sql, self._slot, drop=lost is not None)
+        lsn = await new_slot(self._params, sql, self._slot, drop=lost is not None, failover=self._failover)
         at = PgPosition(lsn, 0)
         what = lost or f"replication slot {state.slot!r} does not exist on {self._params.where}"
         return at, self.plan(tables, at, what, before, log, slot=self._slot, lsn=format_lsn(lsn))
 
 
-async def new_slot(params: ConnectParams, sql: Any, name: str, drop: bool) -> int:
+async def new_slot(params: ConnectParams, sql: Any, name: str, drop: bool, failover: bool = False) -> int:
     """Create the slot ``name`` again (``drop``: first drop the one that lost its WAL); its consistent point, where
     streaming goes on. No exported snapshot: the tables are re-read by incremental snapshots while streaming."""
     if drop:
         await catalog.drop_slot(sql, name)
     repl = await ReplicationConnection.connect(params)
     try:
-        created = await repl.create_slot(name, export_snapshot=False)
+        created = await repl.create_slot(name, export_snapshot=False, failover=failover)
     finally:
         await repl.close()
     return created.consistent_point

@@ -31,6 +31,7 @@ from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.catalog import SlotInfo
 from cdcd.sources.postgres.chunks import PgChunkReader
 from cdcd.sources.postgres.connection import connect_params
+from cdcd.sources.postgres.failover import require_failover
 from cdcd.sources.postgres.inprogress import InProgress, spool_dir
 from cdcd.sources.postgres.plan import Step, decide
 from cdcd.sources.postgres.recover import PgRecoveries, not_lost
@@ -58,6 +59,7 @@ class PostgresSource(Recovering, Source):
         self._params = connect_params(config)  # shared with `cdcd check` and verify
         self._slot = src.postgres.slot
         self._publication = src.postgres.publication
+        self._failover = src.postgres.failover_slot  # a slot cdcd creates is a failover slot (17+, failover.py)
         self._mode = config.snapshot.mode
         self._t = PgTables(self._params, src.table_ids)  # its ``tables``: the captured set
         self._coord = CaptureCoordinator(config, log, phase="streaming", where=self._params.where)
@@ -96,7 +98,9 @@ class PostgresSource(Recovering, Source):
     async def connect(self, resume: ResumePoint) -> None:
         self._t.sql = await catalog.connect_sql(self._params)
         try:
-            catalog.require_version(await catalog.server_version(self._t.sql), self._params.where)
+            version = await catalog.server_version(self._t.sql)
+            catalog.require_version(version, self._params.where)
+            require_failover(version, self._failover, self._params.where)
             state = PgState.parse(resume.state or {})
             # a table the checkpoint captured may be gone (dropped while cdcd was stopped): flagged, not fatal,
             # unless the initial snapshot still has to read it
@@ -190,7 +194,7 @@ class PostgresSource(Recovering, Source):
         if step is Step.NEW_SLOT_STREAM:
             repl = await ReplicationConnection.connect(self._params)
             try:
-                created = await repl.create_slot(self._slot, export_snapshot=False)
+                created = await repl.create_slot(self._slot, export_snapshot=False, failover=self._failover)
             finally:
                 await repl.close()
             self._begin(created.consistent_point, snapshot=False)
@@ -297,7 +301,7 @@ class PostgresSource(Recovering, Source):
     async def _new_slot_with_snapshot(self) -> None:
         repl = await ReplicationConnection.connect(self._params)
         try:
-            created = await repl.create_slot(self._slot, export_snapshot=True)
+            created = await repl.create_slot(self._slot, export_snapshot=True, failover=self._failover)
             self._begin(created.consistent_point, snapshot=True)
             # The exported snapshot lives until the replication connection's next command:
             # every worker imports it before we let go of the connection.
@@ -347,7 +351,7 @@ class PostgresSource(Recovering, Source):
     async def preflight(self) -> list[CheckResult]:
         from cdcd.sources.postgres.preflight import run_preflight
 
-        return await run_preflight(self._params, self._t.tables, self._slot, self._publication)
+        return await run_preflight(self._params, self._t.tables, self._slot, self._publication, self._failover)
 
     def status(self) -> dict[str, Any]:
         coord = self._coord

@@ -265,9 +265,12 @@ class ReplicationConnection:
     async def identify_system(self) -> dict[str, str | None]:
         return (await self.query("IDENTIFY_SYSTEM"))[0]
 
-    async def create_slot(self, name: str, export_snapshot: bool) -> SlotCreated:
-        # The pre-15 spelling is understood by 14 and every later version.
+    async def create_slot(self, name: str, export_snapshot: bool, failover: bool = False) -> SlotCreated:
+        # The pre-15 spelling is understood by 14 and every later version; a failover slot (17+) only by the
+        # option list.
         how = "EXPORT_SNAPSHOT" if export_snapshot else "NOEXPORT_SNAPSHOT"
+        if failover:
+            how = f"(SNAPSHOT '{'export' if export_snapshot else 'nothing'}', FAILOVER true)"
         # Creating a slot waits for every running transaction to end, however long the application keeps one
         # open: bounded by TCP keepalives only, never by a read timeout that would retry it for ever.
         row = (await self.query(f'CREATE_REPLICATION_SLOT "{name}" LOGICAL pgoutput {how}', timeout=None))[0]
