@@ -14,6 +14,7 @@ from support.waits import wait_for
 
 import cdcd.spark.consumer
 from cdcd.spark import jars
+from cdcd.spark.session import JAVA_OPTIONS
 from devtools.servers import PostgresServer, SparkCluster, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
@@ -73,7 +74,10 @@ def submit(cluster: SparkCluster, landing: str, target: str, *conf: str) -> str:
         [SPARK_SUBMIT, "--master", cluster.url, "--name", "cdcd-on-the-cluster",
          "--jars", ",".join(str(p) for p in found), "--driver-memory", "1g", "--executor-memory", "1g",
          "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.databricks.delta.snapshotPartitions=2",
-         "--conf", "spark.ui.enabled=false", *conf,
+         "--conf", "spark.ui.enabled=false",
+         # the JVM flags of the job's local session (cdcd.spark.session.JAVA_OPTIONS): C1 only, the parallel
+         # collector; measured here: the merge took 24 s instead of 123 s with the JVM's defaults
+         "--conf", f"spark.executor.extraJavaOptions={JAVA_OPTIONS}", "--driver-java-options", JAVA_OPTIONS, *conf,
          cdcd.spark.consumer.__file__, "--landing", landing, "--target", target, "--format", "delta", "--once"],
         capture_output=True, text=True, env=env, timeout=600,
     )
