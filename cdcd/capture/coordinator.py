@@ -69,10 +69,14 @@ class CaptureCoordinator:
         """The source is closing: a connection that breaks now is not retried, a stream that ends just ends."""
         self._closing = True
         self.connected = False
+        if self.retention is not None:
+            self.retention.stop()
 
     async def items(self) -> AsyncIterator[Item]:
         """Everything the source delivers in this run, in position order."""
         plan = self._plan
+        if self.retention is not None:  # from the start: a long initial snapshot holds the slot too
+            self.retention.start()
         for item in plan.announce:
             yield item
         stream = plan.stream
@@ -96,12 +100,12 @@ class CaptureCoordinator:
                 stream.handoff(watermark)
         self.phase = "streaming"
         if stream is None:
+            if self.retention is not None:
+                self.retention.stop()
             return
         incr = self.incremental
         if incr.reader is not None:
             incr.start()
-        if self.retention is not None:
-            self.retention.start()
         try:
             async for item in self._stream(stream, incr if incr.reader is not None else None):
                 yield item

@@ -105,8 +105,10 @@ class MySqlSource(Recovering, Source):
         self._recoveries: MyRecoveries = MyRecoveries(config, self.server)  # on_position_lost, `cdcd recover`
         # the checkpoint's binlog file against the server's expiry while streaming: warnings, incremental pauses
         self._expiry = BinlogExpiry(self.conn, config.source.retention, self._stream.newest_event)
-        self._coord.retention = RetentionWatch(config.source.retention, self._expiry_probe, self._incr.gate, log,
-                                               config.source.connect_timeout_s + config.runtime.source_read_timeout_s)
+        if config.snapshot.mode != "initial_only":  # no binlog position to keep
+            self._coord.retention = RetentionWatch(config.source.retention, self._expiry_probe, self._incr.gate,
+                                                   log, config.source.connect_timeout_s
+                                                   + config.runtime.source_read_timeout_s)
 
     # ------------------------------------------------------------ connect
     async def connect(self, resume: ResumePoint) -> None:

@@ -87,9 +87,10 @@ class PostgresSource(Recovering, Source):
         self._recoveries: PgRecoveries = PgRecoveries(config, self._params, self._slot)  # on_position_lost, recover
         self._stream.replan_lost = config.source.on_position_lost == "resnapshot"  # a slot lost while streaming
         # the slot's WAL budget while streaming: warnings, and the incremental snapshots paused while it is low
-        budget = WalBudget(self._params, self._slot, src.retention)
-        self._coord.retention = RetentionWatch(src.retention, budget.probe, self._incr.gate, log,
-                                               src.connect_timeout_s + config.runtime.source_read_timeout_s)
+        if config.snapshot.mode != "initial_only":  # without a slot there is no budget
+            budget = WalBudget(self._params, self._slot, src.retention)
+            self._coord.retention = RetentionWatch(src.retention, budget.probe, self._incr.gate, log,
+                                                   src.connect_timeout_s + config.runtime.source_read_timeout_s)
         self._requests = PgRequests(config, self._t, self._publication, self._incr, self._chunks, self._stream,
                                     self._last_position, lambda: self._stream_changes)
 

@@ -14,6 +14,7 @@ import structlog
 from pg_helpers import Driver, pg_config
 from support.retention import pull, scrape, wait_until
 
+from cdcd.events import ChangeEvent, Op
 from cdcd.sources.postgres import PostgresSource
 from devtools.servers import PostgresServer
 
@@ -131,3 +132,20 @@ def job(src: PostgresSource) -> dict[str, Any]:
 def chunks(src: PostgresSource) -> int:
     progress = src.snapshot_progress()
     return int(progress[-1]["chunks"]) if progress else 0
+
+
+async def test_the_budget_is_read_during_the_initial_snapshot(small_budget_server: PostgresServer) -> None:
+    """The slot holds WAL from its creation: a long initial snapshot is when it fills first."""
+    server, db = small_budget_server, "budget_initial"
+    server.create_database(db)
+    server.psql("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 100)", db)
+    cfg = pg_config(server, db, ["public.t"], snapshot={"chunk_rows": 10},
+                    source={"retention": {"check_interval_s": 0.2}})
+    async with Driver(cfg) as d:
+        src = d.source
+        assert isinstance(src, PostgresSource)
+        # the first snapshot rows: the snapshot is under way; nothing more is read, so it stays under way
+        await d.take(lambda items: bool(items) and isinstance(items[-1], ChangeEvent) and items[-1].snapshot
+                     and items[-1].op is Op.READ)
+        await wait_until(lambda: retention(src).get("state") == "ok", what="a reading during the snapshot")
+        assert src.status()["phase"] == "snapshot" and retention(src)["wal_status"] == "reserved"
