@@ -141,10 +141,14 @@ class RetentionWatch:
                               f"{'paused' if paused else 'stay paused'} so the stream catches up. What to do: "
                               f"{RUNBOOK}", **fields)
             return
-        if self._gate.reason is not None:
+        if reading.state == "lost":  # nothing left to protect: the stream stops (exit 9) or recovers
+            resume = "; incremental snapshots resume" if self._gate.reason is not None else ""
+            self._gate.open()
+            self._log.error(f"source retention budget lost: {reading.message}{resume}. What to do: "
+                            'docs/operations.md, "A lost position"', **fields)
+        elif self._gate.reason is not None:
             self._gate.open()
             self._log.info(f"source retention budget recovered ({reading.state}): {reading.message}; incremental "
                            "snapshots resume", **fields)
-        elif reading.state in ("lost", "unlimited") or before is not None:
-            log = self._log.error if reading.state == "lost" else self._log.info
-            log(f"source retention budget {reading.state}: {reading.message}", **fields)
+        elif reading.state == "unlimited" or before is not None:
+            self._log.info(f"source retention budget {reading.state}: {reading.message}", **fields)

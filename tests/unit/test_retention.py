@@ -7,14 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 from support.retention import scrape
 
+from cdcd.capture.incremental.gate import Gate
+from cdcd.capture.retention import RetentionWatch
 from cdcd.cli import _print_status
 from cdcd.config import RetentionOptions, load_config, parse_config
 from cdcd.errors import ConfigError
 from cdcd.sources.mysql.expiry import BinlogReading, expire_seconds, expiry_check
 from cdcd.sources.mysql.expiry import judge as judge_binlog
-from cdcd.sources.postgres.walbudget import MB, WalReading
+from cdcd.sources.postgres.connection import ConnectParams
+from cdcd.sources.postgres.walbudget import MB, WalBudget, WalReading
 from cdcd.sources.postgres.walbudget import judge as judge_wal
 
 OPTIONS = RetentionOptions(margin=0.25, margin_s=600)
@@ -90,3 +94,24 @@ def test_the_retention_keys_are_checked_and_in_the_example_configs() -> None:
         parse_config({"source": {**base, "retention": {"check_interval_s": 0}}}, env={})
     for name in ("cdcd.example.toml", "cdcd.mariadb.example.toml"):
         assert load_config(ROOT / "config" / name, env={}, connects=False).source.retention == RetentionOptions()
+
+
+def test_the_watch_logs_each_change_of_state_and_pauses_while_low() -> None:
+    gate = Gate()
+    probe = WalBudget(ConnectParams("127.0.0.1", 1, "u", "d"), "cdcd", OPTIONS).probe  # apply() reads nothing
+    watch = RetentionWatch(OPTIONS, probe, gate, structlog.get_logger("test"), 1.0)
+    readings = [wal("reserved", 900 * MB), wal("reserved", 100 * MB), wal("reserved", 90 * MB),
+                wal("unreserved", -MB, retained=1100 * MB), wal("lost", None), wal("reserved", 900 * MB),
+                wal("reserved", 100 * MB), wal("reserved", 900 * MB)]
+    paused: list[bool] = []
+    with structlog.testing.capture_logs() as logs:
+        for r in readings:
+            watch.apply(judge_wal(r, None, OPTIONS))
+            paused.append(gate.reason is not None)
+    assert paused == [False, True, True, True, False, False, True, False]
+    said = [(e["log_level"], e["event"].split(":")[0]) for e in logs]
+    assert said == [("warning", "source retention budget low"), ("warning", "source retention budget unreserved"),
+                    ("error", "source retention budget lost"), ("info", "source retention budget ok"),
+                    ("warning", "source retention budget low"), ("info", "source retention budget recovered (ok)")]
+    assert "incremental snapshots resume" in logs[2]["event"] and "A lost position" in logs[2]["event"]
+    assert "stay paused" in logs[1]["event"] and watch.status()["retention"]["incremental_paused"] is False
