@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench import consumer, incremental, inprogress, latency, peers, scenarios
+from bench import consumer, incremental, inprogress, latency, objstore, peers, scenarios
 from bench.report import write_report
 from devtools.servers import MariaDBServer, PostgresServer
 
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             ("rss", lambda: scenarios.pg_rss(pg, work / "rss", sizes)),
             ("incremental", lambda: incremental.pg_incremental(pg, work / "incremental", sizes)),
             ("inprogress", lambda: inprogress.pg_inprogress(pg, work / "inprogress", sizes)),
+            ("objstore", lambda: objstore.pg_landing_s3(pg, work / "objstore", sizes)),
         ]
         if not args.quick or (args.only and "debezium" in args.only):  # needs Maven and a JVM: not in smoke runs
             plan.append(("debezium", lambda: peers.debezium(pg, maria, work / "debezium", sizes, results)))

@@ -23,7 +23,7 @@ def test_bench_quick_smoke(tmp_path: Path) -> None:
     measures = [r["measure"] for r in doc["results"]]
     for expected in ("PostgreSQL streaming", "PostgreSQL snapshot", "MariaDB streaming", "MariaDB snapshot",
                      "MariaDB streaming, transactions of 50 rows", "latency", "peak RSS",
-                     "one 100,000-row transaction"):
+                     "one 100,000-row transaction", "PostgreSQL streaming to object storage"):
         assert any(m.startswith(expected) for m in measures), (expected, measures)
     # inprogress: the database's logical_decoding_work_mem is 1 MB, so protocol 1 spills and protocol 2 streams
     inprogress = [r for r in doc["results"] if r.get("scenario") == "inprogress"]
