@@ -180,3 +180,18 @@ async def test_unreachable_store_is_retried_and_rejected_keys_are_fatal(s3_serve
     text = str(refused.value)
     assert f"bucket {s3_bucket}" in text and "landing.s3.access_key_id" in text
     assert "not-the-secret" not in text and s3_server.secret_key not in text
+
+
+async def test_a_retry_after_a_lost_answer_finds_its_own_manifest(s3_server: S3Server, s3_bucket: str) -> None:
+    """The manifest PUT went through but its answer was lost: the runtime retries the batch, the conditional PUT is
+    refused, and the manifest is this run's own, so the batch counts as landed and the retry's files go."""
+    url = zone(s3_server, s3_bucket)
+    sink = LandingSink(url, s3=settings(s3_server))
+    await sink.open()
+    writer = sink._writer
+    first = await asyncio.to_thread(writer.land, small_batch(1))
+    again = await asyncio.to_thread(writer.land, small_batch(1))  # the retry of the same batch by the same run
+    assert again.to_json() == first.to_json() and reader.landed_seqs(url) == [1]
+    data = [k.rsplit("/", 1)[1] for k in s3.keys(s3_server, s3_bucket) if "/data/" in k]
+    assert sorted(data) == sorted(f.path.rsplit("/", 1)[1] for f in first.files)  # only the published attempt's
+    await sink.close()
