@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from cdcd.landing.columns import CDC_POS
+from cdcd.landing.objstore import is_object_url
 from cdcd.landing.reader import LandedFile
 
 
@@ -43,6 +44,12 @@ def same_columns(landed: StructType, table: StructType) -> bool:
     """Whether Spark reads the landed files with exactly the table's columns and types (nullability aside)."""
     return {f.name: f.dataType.simpleString() for f in landed.fields} == {
         f.name: f.dataType.simpleString() for f in table.fields}
+
+
+def on_disk(files: list[LandedFile]) -> bool:
+    """Whether the files are on a file system: landed files on object storage are not adopted (no hard links
+    there, and a copy reads and writes every byte as Spark's append does)."""
+    return not any(is_object_url(f.path) for f in files)
 
 
 def one_version(files: list[LandedFile]) -> bool:

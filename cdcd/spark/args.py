@@ -26,23 +26,29 @@ def listen_address(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def landing_path(value: str) -> str:
+    """The landing zone: a path, or the daemon's ``s3://bucket/prefix`` (``s3a://`` too)."""
+    return value if value.startswith(("s3://", "s3a://")) else local_path(value)
+
+
 def local_path(value: str) -> str:
-    """A landing zone or target given as a path: an object-store URL is refused (exit 2) rather than taken for
-    a local directory named ``s3a:``. The consumer's state, its lock and the Delta file adoption need a POSIX
-    file system today (docs/spark.md, Object storage)."""
+    """A target given as a path: an object-store URL is refused (exit 2) rather than taken for a local directory
+    named ``s3a:``. The consumer's state and its lock need a POSIX file system today (docs/spark.md, Object
+    storage)."""
     if "://" in value:
         scheme = value.split("://", 1)[0]
         raise argparse.ArgumentTypeError(
-            f"{value!r} is a {scheme}:// URL: the consumer and cdcd verify read and write a POSIX path only (local, "
-            "or a shared file system mounted at the same path on every Spark node); object storage is not "
-            "supported yet (docs/spark.md, Object storage). Give the path of the daemon's landing.path and of a "
-            "target directory")
+            f"{value!r} is a {scheme}:// URL: the consumer's target, its state and lock, and cdcd verify's target "
+            "are a POSIX path only (local, or a shared file system mounted at the same path on every Spark node); "
+            "on object storage only the landing zone (s3://) is supported yet (docs/spark.md, Object storage). "
+            "Give the path of a target directory")
     return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The consumer's options, added to ``p``."""
-    p.add_argument("--landing", required=True, type=local_path, metavar="PATH", help="the daemon's landing.path")
+    p.add_argument("--landing", required=True, type=landing_path, metavar="PATH",
+                   help="the daemon's landing.path (a directory, or s3://bucket/prefix)")
     p.add_argument("--target", required=True, type=local_path, metavar="PATH",
                    help="where the change-log and mirror tables go")
     p.add_argument("--once", action="store_true", help="apply what is landed now (and what lands meanwhile), exit")

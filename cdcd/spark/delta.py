@@ -40,7 +40,7 @@ from cdcd.landing.columns import CDC_POS
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
-from cdcd.spark.adopt import adopt, one_version, same_columns
+from cdcd.spark.adopt import adopt, on_disk, one_version, same_columns
 from cdcd.spark.collapse import Prepared, conformed
 from cdcd.spark.lakehouse import CommitRecord, Lakehouse, Statements, in_key_ranges, register, timed_call
 from cdcd.spark.lakehouse_ddl import mirror_schema
@@ -254,7 +254,7 @@ class Delta(Lakehouse):
         location = self.location("changelog", schema, table)
         # the schema-change rows' column (cdcd.spark.schemalog) is NULL in every event row: files without it do
         events_columns = StructType([f for f in log_schema.fields if f.name != CDC_SCHEMA_CHANGE])
-        if (one_version(files) and same_columns(p.events.schema, events_columns)
+        if (on_disk(files) and one_version(files) and same_columns(p.events.schema, events_columns)
                 and self._own_names(spark, location, log_schema)):
             # the landed files are the change-log's rows as they are: no Spark write (cdcd.spark.adopt)
             return pool.submit(timed_call, took, "changelog", adopt, spark, location, files, "cdcd-changelog", seq)
@@ -266,7 +266,7 @@ class Delta(Lakehouse):
         self.truncate_mirror(spark, plan, seq)
         created = have is None
         location = self.location("tables", schema, table)
-        if (files is not None and adoptable_mirror(p, files)
+        if (files is not None and on_disk(files) and adoptable_mirror(p, files)
                 and (created or self._new_keys_only(spark, schema, table, p, plan, have))):
             # every landed row is a mirror row as it is (one insert or update per key, nothing else)
             adopt(spark, location, files, "cdcd-mirror", seq, key_stats(p))

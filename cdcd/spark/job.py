@@ -45,6 +45,7 @@ from cdcd.daemon.exitcodes import ExitCode
 from cdcd.errors import CdcdError, ConfigError
 from cdcd.landing.layout import MANIFESTS
 from cdcd.landing.manifest import Manifest
+from cdcd.landing.objstore import Location, is_object_url
 from cdcd.landing.reader import is_consumed, landed_seqs, mark_consumed, read_manifest
 from cdcd.landing.zone import read_zone_id
 from cdcd.logging import configure_logging, get_logger
@@ -53,7 +54,14 @@ from cdcd.spark.args import DEFAULT_BUCKETS, FORMATS
 from cdcd.spark.formats import lakehouse_format
 from cdcd.spark.metrics import MetricsServer, Progress
 from cdcd.spark.parquet import Parquet
-from cdcd.spark.session import end_local_jvm, quiet_python_loggers, session, stop_local
+from cdcd.spark.session import (
+    end_local_jvm,
+    object_store_conf,
+    quiet_python_loggers,
+    session,
+    stop_local,
+    use_object_store,
+)
 from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore, lock_target
 from cdcd.spark.stopping import DEFAULT_STOP_TIMEOUT_S, GUARD, JVM_EXIT_S, STOP_SIGNALS
 from cdcd.spark.strategy import FAILED_TABLE, Segment, TableFormat
@@ -121,7 +129,10 @@ def _message_and_trace(exc: BaseException) -> tuple[str, str]:
 
 
 def _missing_files(landing: Path, batches: list[tuple[int, Manifest]]) -> list[tuple[int, str, str]]:
-    """(seq, path, table) of every landed file the batches list that is not in the landing zone."""
+    """(seq, path, table) of every landed file the batches list that is not in the landing zone (not asked of
+    an object store: the failure's own message names the missing object there)."""
+    if is_object_url(landing):
+        return []
     return [(seq, e.path, f"{e.table.schema}.{e.table.name}")
             for seq, manifest in batches for e in manifest.files if not (landing / e.path).is_file()]
 
@@ -307,7 +318,9 @@ def run(
         _log.error(f"--stop-timeout {stop_timeout:g} is not a number of seconds above 0")
         return ExitCode.USAGE
     landing_path, target_path = Path(landing), Path(target)
-    if not landing_path.is_dir():
+    if is_object_url(landing):  # the reader finds the store from the URL; Spark reads the files through S3A
+        use_object_store()
+    elif not landing_path.is_dir():
         _log.error(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return ExitCode.USAGE
     progress = Progress(landing_path, fmt)
@@ -353,6 +366,8 @@ def _end_jvm_now() -> None:
 def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, checkpoint: str | None,
                 buckets: int, progress: Progress, stop: threading.Event, dedicated: bool) -> int:
     spark = session(fmt)
+    if is_object_url(landing_path):
+        object_store_conf(spark)
     code: int = ExitCode.FAILURE
     try:
         code = _apply(spark, landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop)
@@ -369,7 +384,8 @@ def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, che
 
 def _apply(spark: SparkSession, landing_path: Path, target_path: Path, once: bool, fmt: str,
            checkpoint: str | None, buckets: int, progress: Progress, stop: threading.Event) -> int:
-    _log.info("consumer starting", master=spark.sparkContext.master, landing=str(landing_path),
+    shown = Location.parse(landing_path).url if is_object_url(landing_path) else str(landing_path)
+    _log.info("consumer starting", master=spark.sparkContext.master, landing=shown,
               target=str(target_path), format=fmt, once=once)
     progress.phase = "catching up"
     try:
@@ -416,14 +432,17 @@ def _stream(spark: SparkSession, consumer: Consumer, landing: Path, checkpoint: 
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, on_signal)
-    manifests = landing / MANIFESTS
-    manifests.mkdir(exist_ok=True)
+    if is_object_url(landing):  # a prefix, not a directory: nothing to create
+        manifests = f"{Location.parse(landing).url}/{MANIFESTS}"
+    else:
+        (landing / MANIFESTS).mkdir(exist_ok=True)
+        manifests = str(landing / MANIFESTS)
     stream = (
         spark.readStream.format("text")
         .option("wholetext", "true")
         .option("maxFileAge", "3650d")
         .option("ignoreMissingFiles", "true")  # consumed batches may be expired meanwhile
-        .load(str(manifests))
+        .load(manifests)
     )
     writer = stream.writeStream.foreachBatch(consumer.on_micro_batch).option("checkpointLocation", checkpoint)
     writer = writer.trigger(processingTime="1 second")

@@ -94,6 +94,36 @@ def _submitted_session(fmt: str) -> None:
     builder.getOrCreate()
 
 
+#: S3A for an object-store landing zone: ``use_object_store`` sets it before the session starts.
+_object_store: list[bool] = [False]
+
+
+def use_object_store() -> None:
+    """The landing zone is on object storage: a local session starts with S3A's jars (``jars.local_settings``)."""
+    _object_store[0] = True
+
+
+def object_store_conf(spark: SparkSession) -> None:
+    """Point Spark's S3A at the store the landing reader uses, from the same environment (boto3's names):
+    AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (then path-style addressing), AWS_REGION, AWS_ACCESS_KEY_ID and
+    AWS_SECRET_ACCESS_KEY (with AWS_SESSION_TOKEN). ``s3://`` paths go to S3A too. A value given with
+    ``--conf spark.hadoop.fs.s3a.*`` stands. The keys travel in the job's Hadoop configuration to the executors
+    (their environment is the worker's) and are never logged (Spark redacts them in its UI)."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    wanted = {"fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem", "fs.s3a.endpoint": endpoint,
+              "fs.s3a.path.style.access": "true" if endpoint else None,
+              "fs.s3a.endpoint.region": os.environ.get("AWS_REGION"),
+              "fs.s3a.access.key": os.environ.get("AWS_ACCESS_KEY_ID"),
+              "fs.s3a.secret.key": os.environ.get("AWS_SECRET_ACCESS_KEY"),
+              "fs.s3a.session.token": os.environ.get("AWS_SESSION_TOKEN")}
+    if wanted["fs.s3a.session.token"]:
+        wanted["fs.s3a.aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    for key, value in wanted.items():
+        if value and conf.get(key) is None:
+            conf.set(key, value)
+
+
 APP_NAME = "cdcd-spark-consumer"
 #: The JVM's log4j lines: a marker, the level, the logger, the message, at debug the Java trace; split by the
 #: unit separator, line breaks escaped (``%enc{..}{CRLF}``): one line per event, parsed by ``_pump``.
@@ -283,7 +313,7 @@ def session(fmt: str = "parquet", only: bool = False) -> SparkSession:
         # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
         settings = {"spark.master": "local[2]", "spark.app.name": APP_NAME, "spark.ui.enabled": "false",
                     "spark.sql.shuffle.partitions": "4", "spark.sql.warehouse.dir": warehouse_dir(),
-                    **local_settings(fmt if only else None), **large_row_settings()}
+                    **local_settings(fmt if only else None, _object_store[0]), **large_row_settings()}
         _start_jvm(settings)
         for k, v in settings.items():
             builder = builder.config(k, v)

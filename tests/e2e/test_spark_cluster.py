@@ -1,5 +1,6 @@
-"""The consumer on a real Spark standalone cluster: PostgreSQL -> `cdcd run` -> landing zone ->
-`spark-submit --master spark://...` (a master and a worker, tests/conftest.py `spark_cluster`) -> `cdcd verify`."""
+"""The consumer on a real Spark standalone cluster reading a landing zone on object storage: PostgreSQL ->
+`cdcd run` -> s3:// landing zone on the S3 server (tests/conftest.py `s3_server`) -> `spark-submit --master
+spark://...` (a master and a worker, `spark_cluster`) into Delta Lake -> `cdcd verify`."""
 
 from __future__ import annotations
 
@@ -9,20 +10,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.landed import landed_ids
 from support.waits import wait_for
 
 import cdcd.spark.consumer
+from cdcd.landing import reader
+from cdcd.landing.objstore import Settings
 from cdcd.spark import jars
 from cdcd.spark.session import JAVA_OPTIONS
-from devtools.servers import PostgresServer, SparkCluster, free_port
+from devtools.servers import PostgresServer, S3Server, SparkCluster, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 SPARK_SUBMIT = str(Path(sys.executable).with_name("spark-submit"))
 
 
-def daemon_config(tmp_path: Path, pg: PostgresServer, db: str, landing: str) -> Path:
+def daemon_config(tmp_path: Path, pg: PostgresServer, db: str, landing: str, s3: S3Server) -> Path:
     cfg = tmp_path / "cdcd.toml"
+    secret = tmp_path / "s3-secret"
+    secret.write_text(s3.secret_key + "\n")
     cfg.write_text(f"""[source]
 kind = "postgres"
 port = {pg.port}
@@ -38,6 +42,11 @@ path = "{tmp_path / 'state'}"
 path = "{landing}"
 max_batch_events = 50
 max_batch_delay_ms = 50
+[landing.s3]
+endpoint = "{s3.endpoint}"
+region = "{s3.region}"
+access_key_id = "{s3.access_key}"
+secret_access_key_file = "{secret}"
 [http]
 listen = "127.0.0.1:{free_port()}"
 [log]
@@ -46,7 +55,11 @@ format = "json"
     return cfg
 
 
-def land(pg: PostgresServer, db: str, cfg: Path, landing: Path) -> None:
+def landed_ids(landing: str) -> set[int]:
+    return {r["id"] for b in reader.read_batches(landing) for t in b.tables.values() for r in t.to_pylist()}
+
+
+def land(pg: PostgresServer, db: str, cfg: Path, landing: str) -> None:
     """A snapshot, then inserts, updates, a key change and deletes streamed, until the sentinel row landed."""
     pg.psql("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), note text);"
             "INSERT INTO orders SELECT g, g * 1.5, 'snap' FROM generate_series(1, 40) g;", db)
@@ -65,11 +78,17 @@ def land(pg: PostgresServer, db: str, cfg: Path, landing: Path) -> None:
         daemon.wait(timeout=60)
 
 
-def submit(cluster: SparkCluster, landing: str, target: str, *conf: str) -> str:
-    """`spark-submit --master spark://...` the consumer with the cached Delta Lake jars (as --jars); its output."""
+def submit(cluster: SparkCluster, s3: S3Server, landing: str, target: str) -> str:
+    """`spark-submit --master spark://...` the consumer with the cached Delta Lake jars (as --jars) and S3A's (on
+    the class paths: the driver and the worker share this host, so the 640 MB SDK bundle is not shipped); the
+    store's endpoint and keys in the environment, as boto3 and the consumer read them; its output."""
     found = jars.cached_jars(jars.DELTA_PACKAGES)
-    assert found is not None, "run scripts/bootstrap.sh: it fetches the jars"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    s3a = jars.cached_jars(jars.OBJECT_STORE_PACKAGES)
+    assert found is not None and s3a is not None, "run scripts/bootstrap.sh: it fetches the jars"
+    classpath = os.pathsep.join(str(p) for p in s3a)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region, "AWS_ACCESS_KEY_ID": s3.access_key,
+           "AWS_SECRET_ACCESS_KEY": s3.secret_key}
     proc = subprocess.run(
         [SPARK_SUBMIT, "--master", cluster.url, "--name", "cdcd-on-the-cluster",
          "--jars", ",".join(str(p) for p in found), "--driver-memory", "1g", "--executor-memory", "1g",
@@ -77,28 +96,38 @@ def submit(cluster: SparkCluster, landing: str, target: str, *conf: str) -> str:
          "--conf", "spark.ui.enabled=false",
          # the JVM flags of the job's local session (cdcd.spark.session.JAVA_OPTIONS): C1 only, the parallel
          # collector; measured here: the merge took 24 s instead of 123 s with the JVM's defaults
-         "--conf", f"spark.executor.extraJavaOptions={JAVA_OPTIONS}", "--driver-java-options", JAVA_OPTIONS, *conf,
+         "--conf", f"spark.executor.extraJavaOptions={JAVA_OPTIONS}", "--driver-java-options", JAVA_OPTIONS,
+         "--driver-class-path", classpath, "--conf", f"spark.executor.extraClassPath={classpath}",
          cdcd.spark.consumer.__file__, "--landing", landing, "--target", target, "--format", "delta", "--once"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
+    assert s3.secret_key not in output  # the keys are never logged
     return output
 
 
-def test_consumer_on_a_standalone_cluster(spark_cluster: SparkCluster, pg_server: PostgresServer, pg_db: str,
-                                          tmp_path: Path) -> None:
-    landing, target = tmp_path / "landing", tmp_path / "target"
-    cfg = daemon_config(tmp_path, pg_server, pg_db, str(landing))
+def test_consumer_on_a_standalone_cluster_from_object_storage(
+        spark_cluster: SparkCluster, s3_server: S3Server, s3_bucket: str, pg_server: PostgresServer, pg_db: str,
+        tmp_path: Path) -> None:
+    landing, target = f"s3://{s3_bucket}/landing", tmp_path / "target"
+    reader.use_store(landing, Settings(endpoint=s3_server.endpoint, region=s3_server.region,
+                                       access_key_id=s3_server.access_key, secret_access_key=s3_server.secret_key))
+    cfg = daemon_config(tmp_path, pg_server, pg_db, landing, s3_server)
     land(pg_server, pg_db, cfg, landing)
 
-    output = submit(spark_cluster, str(landing), str(target))
+    output = submit(spark_cluster, s3_server, landing, str(target))
     assert f'"master": "{spark_cluster.url}"' in output  # the `consumer starting` line: the cluster's master stood
+    assert f'"landing": "{landing}"' in output
     apps = [a for a in spark_cluster.status()["completedapps"] if a["name"] == "cdcd-on-the-cluster"]
     assert len(apps) == 1, spark_cluster.status()  # it ran as an application of the cluster
     # its tasks ran in an executor the worker started (the worker's work dir: app id / executor id / stderr)
     executor_log = spark_cluster.root / "work" / apps[0]["id"] / "0" / "stderr"
     assert "Finished task" in executor_log.read_text(errors="replace")
+    assert reader.consumed_seqs(landing) == reader.landed_seqs(landing)  # consumed markers written to the store
+    for kind in ("tables", "changelog"):  # Spark wrote every table file: landed files on a store are not adopted
+        files = [f.name for f in (target / kind / "public.orders").rglob("*.parquet")]
+        assert files and all(f.startswith("part-") for f in files), files
 
     verified = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True,
                               text=True, timeout=600)
