@@ -10,11 +10,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_spark_pipeline import BIG, FORMATS, config, load_config, rows, start, verify, wait_landed
+from test_spark_pipeline import BIG, config, load_config, rows, start, verify, wait_landed
 
 from devtools.servers import PostgresServer
 
 pytestmark = pytest.mark.spark
+
+#: The source's side of a key change (PostgreSQL's unchanged-TOAST marker, REPLICA IDENTITY FULL) is the same
+#: whatever the format, and each format's own apply of these events runs in-process on all three formats
+#: (integration/test_spark_formats.py): end to end, Parquet (verify reads it with pyarrow) and Iceberg (verify
+#: reads a lakehouse table through Spark). Its Delta run (167 s, twice Iceberg's) ran no Delta code the in-process
+#: tests do not (issue 32).
+FORMATS = ["iceberg", "parquet"]
 
 
 def wait_all_landed(pg: PostgresServer, db: str, landing: Path, proc: subprocess.Popen[bytes], marker: int) -> None:
