@@ -5,6 +5,7 @@ and a restart with rejected credentials (exit 5, naming the bucket and the setti
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,8 +78,9 @@ def test_postgres_to_object_storage_through_an_outage(setup: Setup) -> None:
         s.wait("the snapshot on object storage", lambda: len(s.mirror()) == 60)
         s.server.psql("INSERT INTO t VALUES (61, 'streamed')", s.db)
         s.wait("a streamed row", lambda: 61 in s.mirror())
+        # (batches of heartbeat marks alone are checkpointed without landing: the checkpoint may be past it)
         s.wait("the checkpoint past the streamed row", lambda: (c := s.checkpoint()) and c.batch_seq
-               == max(reader.landed_seqs(s.url)))
+               >= max(reader.landed_seqs(s.url)))
         before = s.checkpoint()
         assert before is not None
 
@@ -86,9 +88,13 @@ def test_postgres_to_object_storage_through_an_outage(setup: Setup) -> None:
         proxy.reset()
         s.server.psql("INSERT INTO t SELECT g, 'outage' FROM generate_series(62, 90) g", s.db)
         s.server.psql("UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id BETWEEN 20 AND 25", s.db)
-        s.wait("the daemon retrying the landing", lambda: s.tail().count("landing the batch failed, retrying") >= 2)
+        s.wait("the daemon retrying the landing",
+               lambda: s.log.read_text().count("landing the batch failed, retrying") >= 2)
         during = s.checkpoint()
-        assert during is not None and (during.batch_seq, during.position) == (before.batch_seq, before.position)
+        failing = min(json.loads(line)["batch"] for line in s.log.read_text().splitlines()
+                      if "landing the batch failed, retrying" in line)
+        # batches of progress marks alone may still commit before the failing batch, never past it; no event moves
+        assert during is not None and during.batch_seq < failing and during.event_count == before.event_count
         assert s.procs[-1].poll() is None  # still running, waiting for the store
 
         proxy.refuse(0)  # the store is back
