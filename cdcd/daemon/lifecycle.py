@@ -40,6 +40,7 @@ from cdcd.logging import bind_context
 from cdcd.memory import MemorySettings, freeze_startup
 from cdcd.runtime.interfaces import Sink
 from cdcd.runtime.runtime import Runtime, RuntimeState
+from cdcd.sinks import zone_name
 
 _log = structlog.get_logger("cdcd.daemon")
 
@@ -187,7 +188,7 @@ class Daemon:
         self._install_signals(loop)
         _log.info("cdcd starting", version=__version__, pid=os.getpid(), config=str(self.config_path),
                   source_host=src.host, source_port=src.effective_port, tables=src.tables,
-                  state=str(self.config.state.path), landing=str(self.config.landing.path),
+                  state=str(self.config.state.path), landing=zone_name(self.config),
                   memory=None if self.memory is None else self.memory.to_json())
         reporter: asyncio.Task[None] | None = None
         try:

@@ -42,6 +42,11 @@ def is_object_url(path: str | Path) -> bool:
     return text.startswith(SCHEMES) or (isinstance(path, Path) and text.startswith(_MANGLED))
 
 
+def zone_name(path: str | Path) -> str:
+    """How a landing zone is named to the operator: its ``s3://`` URL, or the directory."""
+    return Location.parse(path).url if is_object_url(path) else str(path)
+
+
 @dataclass(frozen=True, slots=True)
 class Location:
     """A bucket and a key prefix (no leading or trailing slash; empty for the bucket's root)."""

@@ -21,3 +21,11 @@ def make_sink(config: Config) -> Sink:
         s3=Settings(endpoint=s3.endpoint, region=s3.region, path_style=s3.path_style,
                     access_key_id=s3.access_key_id, secret_access_key=s3.secret(), timeout_s=s3.timeout_s),
     )
+
+
+def zone_name(config: Config) -> str:
+    """The landing zone as the operator wrote it: its ``s3://`` URL (``landing.path`` is a ``Path``, which keeps one
+    slash of it), or the directory."""
+    from cdcd.landing.objstore import zone_name
+
+    return zone_name(config.landing.path)

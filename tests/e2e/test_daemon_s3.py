@@ -104,6 +104,7 @@ def test_postgres_to_object_storage_through_an_outage(setup: Setup) -> None:
         assert s.procs[-1].wait(60) == ExitCode.OK, s.tail()
     assert s.mirror() == s.source() and len(s.source()) == 84
     assert s.s3.secret_key not in s.tail()
+    assert f'"landing": "{s.url}"' in s.log.read_text()  # the start line names the zone as configured
 
     s.start_on_s3(s.s3.port, "not-the-secret")
     code = s.procs[-1].wait(60)
