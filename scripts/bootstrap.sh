@@ -56,6 +56,29 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || fail "$PYTHON is older than 3.11; install Python 3.11+ or set PYTHON=/path/to/python3.11"
 
+step "S3 server (versitygw) into .tools/bin/"
+# A real S3-compatible server for the tests and the demo (devtools/servers.py S3Server), built from its Go module
+# with the installed Go toolchain; only where missing. The first build takes about 5 minutes on two cores, so it
+# runs in the background while pip and Maven wait on the network; the bootstrap waits for it at the end.
+VGW_VERSION=v1.8.0
+TOOLS="$ROOT/.tools"
+VGW_PID=
+if [ ! -x "$TOOLS/bin/versitygw" ] || [ "$(cat "$TOOLS/versitygw.version" 2>/dev/null)" != "$VGW_VERSION" ]; then
+    command -v go >/dev/null || [ -x /usr/local/go/bin/go ] \
+        || fail "the Go toolchain (go) is missing: install Go 1.24+ to build the S3 server the tests use"
+    GO=$(command -v go || echo /usr/local/go/bin/go)
+    echo "bootstrap: building the S3 server versitygw $VGW_VERSION in the background (first time only, about 5 minutes)" >&2
+    mkdir -p "$TOOLS/bin"
+    (
+        started=$(date +%s)
+        GOBIN="$TOOLS/bin" timeout 1800 "$GO" install "github.com/versity/versitygw/cmd/versitygw@$VGW_VERSION" \
+            >"$TOOLS/go-build.log" 2>&1 || { tail -n 20 "$TOOLS/go-build.log" >&2; exit 1; }
+        echo "$VGW_VERSION" > "$TOOLS/versitygw.version"
+        echo "bootstrap: versitygw built in $(( $(date +%s) - started )) s" >&2
+    ) &
+    VGW_PID=$!
+fi
+
 step "virtual environment"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 want=$(cat "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)
@@ -89,27 +112,13 @@ for coordinate in $("$VENV/bin/python" -m cdcd.spark.jars); do
         fail "Maven could not fetch $coordinate from Maven Central (full log: $JARS/mvn.log)"; }
 done
 
-step "S3 server (versitygw) into .tools/bin/"
-# A real S3-compatible server for the tests and the demo (devtools/servers.py S3Server), built from its Go module
-# with the installed Go toolchain; only where missing. The first build takes about 5 minutes on two cores.
-VGW_VERSION=v1.8.0
-TOOLS="$ROOT/.tools"
-if [ ! -x "$TOOLS/bin/versitygw" ] || [ "$(cat "$TOOLS/versitygw.version" 2>/dev/null)" != "$VGW_VERSION" ]; then
-    command -v go >/dev/null || [ -x /usr/local/go/bin/go ] \
-        || fail "the Go toolchain (go) is missing: install Go 1.24+ to build the S3 server the tests use"
-    GO=$(command -v go || echo /usr/local/go/bin/go)
-    echo "bootstrap: building the S3 server versitygw $VGW_VERSION (first time only, about 5 minutes)" >&2
-    mkdir -p "$TOOLS/bin"
-    started=$(date +%s)
-    GOBIN="$TOOLS/bin" timeout 1800 "$GO" install "github.com/versity/versitygw/cmd/versitygw@$VGW_VERSION" \
-        >"$TOOLS/go-build.log" 2>&1 || { tail -n 20 "$TOOLS/go-build.log" >&2;
-        fail "go install of versitygw $VGW_VERSION failed (full log: $TOOLS/go-build.log)"; }
-    echo "$VGW_VERSION" > "$TOOLS/versitygw.version"
-    echo "bootstrap: versitygw built in $(( $(date +%s) - started )) s" >&2
-fi
-
 step "CDS archive of the Spark job's classes (.jars/cds/)"
 # A fresh Spark JVM spends a sixth of its CPU loading classes; the archive holds them parsed and
 # verified (cdcd/sparkcds.py, cdcd/spark/cds.py). Built once (about a minute) per JDK and jar set; then a file check.
 "$VENV/bin/python" -m cdcd.sparkcds \
     || echo "bootstrap: warning: no CDS archive (see above); Spark runs start slower without it" >&2
+
+if [ -n "$VGW_PID" ]; then
+    step "S3 server (versitygw) build"
+    wait "$VGW_PID" || fail "go install of versitygw $VGW_VERSION failed (full log: $TOOLS/go-build.log)"
+fi
