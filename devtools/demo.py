@@ -5,6 +5,9 @@ shop schema with data, runs one `cdcd run` per database (snapshot, then
 streaming while a workload writes), stops them, runs the Spark consumer
 once per landing zone and `cdcd verify`, prints a summary and stops
 everything it started. Files stay in the work directory for a look.
+
+``--object-store``: the landing zones on a throwaway S3 server (versitygw) and the consumer submitted to a
+throwaway Spark standalone cluster (a master and a worker) with spark-submit; the tables stay on local disk.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from devtools.servers import MariaDBServer, PostgresServer, free_port
+from devtools.servers import MariaDBServer, PostgresServer, S3Server, SparkCluster, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 WAIT_S = 120.0
+BUCKET = "cdcd-demo"
 
 PG_SCHEMA = """
 CREATE TABLE customers (id bigint PRIMARY KEY, name text NOT NULL, email text, country char(2),
@@ -98,6 +102,7 @@ class Pipeline:
     status: dict[str, Any] = field(default_factory=dict)
     verify_code: int | None = None
     spark_code: int | None = None
+    s3: S3Server | None = None  # --object-store: the landing zone is s3://BUCKET/<name>/landing there
 
     @property
     def dir(self) -> Path:
@@ -107,6 +112,18 @@ class Pipeline:
     def config(self) -> Path:
         return self.dir / "cdcd.toml"
 
+    @property
+    def landing(self) -> str:
+        return f"s3://{BUCKET}/{self.name}/landing" if self.s3 else str(self.dir / "landing")
+
+    def landing_lines(self) -> list[str]:
+        lines = ["[landing]", f'path = "{self.landing}"', "max_batch_events = 2000", "max_batch_delay_ms = 200"]
+        if self.s3:
+            secret = self.work / "s3-secret"
+            lines += ["[landing.s3]", f'endpoint = "{self.s3.endpoint}"', f'region = "{self.s3.region}"',
+                      f'access_key_id = "{self.s3.access_key}"', f'secret_access_key_file = "{secret}"']
+        return lines
+
     def write_config(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         source = {"kind": self.kind, "database": self.database, "tables": self.tables, **self.source}
@@ -114,7 +131,7 @@ class Pipeline:
         for sub, values in ((k, v) for k, v in source.items() if isinstance(v, dict)):
             lines += [f"[source.{sub}]", *(f"{k} = {json.dumps(v)}" for k, v in values.items())]
         lines += [
-            "[landing]", f'path = "{self.dir / "landing"}"', "max_batch_events = 2000", "max_batch_delay_ms = 200",
+            *self.landing_lines(),
             "[state]", f'path = "{self.dir / "state"}"',
             "[runtime]", "shutdown_grace_s = 30",
             "[http]", f'listen = "127.0.0.1:{self.http_port}"',
@@ -188,8 +205,34 @@ def workload(pg: PostgresServer, maria: MariaDBServer, seconds: float) -> int:
     return steps
 
 
-def run_demo(work: Path, workload_s: float, spark: bool) -> int:
-    servers: list[PostgresServer | MariaDBServer] = []
+def start_object_store(work: Path, spark: bool, servers: list[Any]) -> S3Server:
+    """--object-store: the S3 server with the demo's bucket, its secret key in a file only the demo may read, and
+    (for the consumer) the Spark cluster, appended to ``servers`` so that they are stopped at the end."""
+    say("starting a throwaway S3 server (versitygw)" + (" and a Spark standalone cluster" if spark else ""))
+    s3 = S3Server().start()
+    servers.append(s3)
+    s3.create_bucket(BUCKET)
+    with os.fdopen(os.open(work / "s3-secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(s3.secret_key + "\n")
+    if spark:
+        servers.append(SparkCluster().start())
+    return s3
+
+
+def submit_to_cluster(p: Pipeline, cluster: SparkCluster) -> int:
+    """The consumer on the cluster with spark-submit (docs/spark.md, Object storage): the store's endpoint and
+    keys in the environment, where the landing reader and Spark's S3A find them."""
+    assert p.s3 is not None
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "AWS_ENDPOINT_URL": p.s3.endpoint, "AWS_REGION": p.s3.region, "AWS_ACCESS_KEY_ID": p.s3.access_key,
+           "AWS_SECRET_ACCESS_KEY": p.s3.secret_key}
+    with open(p.dir / "spark.log", "wb") as log:
+        return subprocess.run(cluster.submit_command(p.landing, str(p.dir / "target"), name=f"cdcd-{p.name}"),
+                              stdout=log, stderr=subprocess.STDOUT, env=env, timeout=900).returncode
+
+
+def run_demo(work: Path, workload_s: float, spark: bool, object_store: bool = False) -> int:
+    servers: list[Any] = []
     pipelines: list[Pipeline] = []
     jobs: list[subprocess.Popen[bytes]] = []
     try:
@@ -207,6 +250,8 @@ def run_demo(work: Path, workload_s: float, spark: bool) -> int:
         with os.fdopen(os.open(password, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write("secret\n")
         say("schema shop.customers (500 rows) and shop.orders (2000 rows) created in both")
+        s3 = start_object_store(work, spark, servers) if object_store else None
+        cluster = next((s for s in servers if isinstance(s, SparkCluster)), None)
 
         pipelines = [
             Pipeline("postgres", "postgres", "shop", ["public.customers", "public.orders"],
@@ -215,6 +260,8 @@ def run_demo(work: Path, workload_s: float, spark: bool) -> int:
                      {"port": maria.port, "user": "cdc", "password_file": str(password),
                       "mysql": {"server_id": 5401}}, work),
         ]
+        for p in pipelines:
+            p.s3 = s3
         for p in pipelines:
             p.write_config()
             say(f"{p.name}: cdcd check")
@@ -240,7 +287,14 @@ def run_demo(work: Path, workload_s: float, spark: bool) -> int:
             say(f"{p.name}: cdcd stop -> daemon exit {p.proc.returncode}")
             if code != 0 or p.proc.returncode != 0:
                 return 1
-        if spark:
+        if spark and cluster is not None:
+            say(f"spark-submit --master {cluster.url}: the consumer merges both landing zones on the S3 server "
+                "into Delta Lake tables")
+            for p in pipelines:
+                p.spark_code = submit_to_cluster(p, cluster)
+                say(f"{p.name}: spark exit {p.spark_code}; cdcd verify")
+                p.verify_code = run_cli("verify", "-c", str(p.config), "--target", str(p.dir / "target"))
+        elif spark:
             say("cdcd spark run --once --format delta for both landing zones (Spark merges the landed batches "
                 "into Delta Lake tables)")
             for p in pipelines:
@@ -278,10 +332,13 @@ def summary(pipelines: list[Pipeline], work: Path) -> None:
               f"verify {'-' if p.verify_code is None else ('ok' if p.verify_code == 0 else 'DRIFT/FAILED')}")
     print(f"\nwhere to look ({work}):")
     for p in pipelines:
-        print(f"  {p.name}: config {p.config}, daemon log {p.dir / 'cdcd.log'}, landing zone {p.dir / 'landing'}, "
+        print(f"  {p.name}: config {p.config}, daemon log {p.dir / 'cdcd.log'}, landing zone {p.landing}, "
               f"Delta Lake mirrors {p.dir / 'target' / 'tables'}")
     print('  read a mirror: spark.read.format("delta").load("<mirrors>/<schema>.<table>") in a session with the '
           "Delta jars (docs/spark.md)")
+    if any(p.s3 for p in pipelines):
+        print("  the landing zones were on the throwaway S3 server and the consumer ran on the throwaway Spark "
+              "cluster, both stopped at the end (the landing zones go with the server; the tables stay)")
     print("  cdcd checkpoint list -c <config> shows the checkpoints; docs/operations.md explains the rest\n")
 
 
@@ -290,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload-seconds", type=float, default=5.0, help="how long the workload writes")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark consumer and verify")
     parser.add_argument("--clean", action="store_true", help="remove the work directory at the end")
+    parser.add_argument("--object-store", action="store_true",
+                        help="land on a throwaway S3 server and run the consumer on a throwaway Spark standalone "
+                             "cluster (spark-submit)")
     args = parser.parse_args(argv)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
@@ -299,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cdcd-demo-"))
     os.chmod(work, 0o755)
     try:
-        return run_demo(work, args.workload_seconds, not args.no_spark)
+        return run_demo(work, args.workload_seconds, not args.no_spark, args.object_store)
     finally:
         if args.clean:
             shutil.rmtree(work, ignore_errors=True)

@@ -3,7 +3,8 @@
 # PostgreSQL and MariaDB in temporary directories, a small shop schema, one cdcd
 # daemon per database (snapshot, then streaming while a workload writes), the
 # Spark consumer, `cdcd verify`, a summary. Everything it starts is stopped.
-#   scripts/demo.sh [--workload-seconds N] [--no-spark] [--clean]
+#   scripts/demo.sh [--workload-seconds N] [--no-spark] [--clean] [--object-store]
+# --object-store: the landing zones on a throwaway S3 server, the consumer on a throwaway Spark standalone cluster.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/bootstrap.sh"

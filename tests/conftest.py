@@ -32,7 +32,8 @@ _names = itertools.count(1)
 #: tests is a work unit of its own, so a file's tests run on several workers at once.
 SPREAD = frozenset({
     "test_spark_kill.py", "test_spark_mariadb.py", "test_landing_consumed.py", "test_spark_types_large.py",
-    "test_faults_network.py", "test_faults_disk.py", "test_mysql_identity.py", "test_postgres_identity.py",
+    "test_demo.py", "test_faults_network.py", "test_faults_disk.py", "test_mysql_identity.py",
+    "test_postgres_identity.py",
     "test_daemon_lifecycle.py", "test_mysql_crash.py", "test_postgres_crash.py", "test_pg_types_exact.py",
     "test_mysql_types_exact.py", "test_incremental_snapshot.py", "test_operator_snapshot.py",
     # the Spark integration files: their tests share the worker's session (tests/support/spark.py)

@@ -1,4 +1,5 @@
-"""scripts/demo.sh runs to completion and leaves no process behind."""
+"""scripts/demo.sh runs to completion and leaves no process behind; with --object-store too (the landing zones on
+a throwaway S3 server, the consumer on a throwaway Spark standalone cluster)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_demo_runs_and_leaves_nothing_running() -> None:
+@pytest.mark.parametrize("extra", [[], ["--object-store"]], ids=["local", "object-store"])
+def test_demo_runs_and_leaves_nothing_running(extra: list[str]) -> None:
     # Every temporary directory of the demo (servers, daemons, Spark) lands under one directory that the
     # database servers' unprivileged user may use (pytest's tmp_path is private to root).
     tmp_path = Path(tempfile.mkdtemp(prefix="cdcd-demo-test-"))
     os.chmod(tmp_path, 0o1777)  # like /tmp: the servers write their own temporary files here
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     try:
-        proc = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--workload-seconds", "3"],
+        proc = subprocess.run([str(ROOT / "scripts" / "demo.sh"), "--workload-seconds", "3", *extra],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900,
                               start_new_session=True)
         leftovers = processes_mentioning(tmp_path)
@@ -40,4 +42,8 @@ def test_demo_runs_and_leaves_nothing_running() -> None:
     for name in ("postgres", "mariadb"):
         line = next(line for line in out.splitlines() if line.startswith(name))
         assert "spark ok" in line and "verify ok" in line, line
+    if extra:
+        assert "spark-submit --master spark://127.0.0.1:" in out
+        for name in ("postgres", "mariadb"):
+            assert f"landing zone s3://cdcd-demo/{name}/landing" in out
     assert leftovers == []

@@ -12,11 +12,8 @@ from pathlib import Path
 
 from support.waits import wait_for
 
-import cdcd.spark.consumer
 from cdcd.landing import reader
 from cdcd.landing.objstore import Settings
-from cdcd.spark import jars
-from cdcd.spark.session import JAVA_OPTIONS
 from devtools.servers import PostgresServer, S3Server, SparkCluster, free_port
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
@@ -79,28 +76,13 @@ def land(pg: PostgresServer, db: str, cfg: Path, landing: str) -> None:
 
 
 def submit(cluster: SparkCluster, s3: S3Server, landing: str, target: str) -> str:
-    """`spark-submit --master spark://...` the consumer with the cached Delta Lake jars (as --jars) and S3A's (on
-    the class paths: the driver and the worker share this host, so the 640 MB SDK bundle is not shipped); the
-    store's endpoint and keys in the environment, as boto3 and the consumer read them; its output."""
-    found = jars.cached_jars(jars.DELTA_PACKAGES)
-    s3a = jars.cached_jars(jars.OBJECT_STORE_PACKAGES)
-    assert found is not None and s3a is not None, "run scripts/bootstrap.sh: it fetches the jars"
-    classpath = os.pathsep.join(str(p) for p in s3a)
+    """`spark-submit --master spark://...` the consumer (``SparkCluster.submit_command``), the store's endpoint and
+    keys in the environment, as boto3 and the consumer read them; its output."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region, "AWS_ACCESS_KEY_ID": s3.access_key,
            "AWS_SECRET_ACCESS_KEY": s3.secret_key}
-    proc = subprocess.run(
-        [SPARK_SUBMIT, "--master", cluster.url, "--name", "cdcd-on-the-cluster",
-         "--jars", ",".join(str(p) for p in found), "--driver-memory", "1g", "--executor-memory", "1g",
-         "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.databricks.delta.snapshotPartitions=2",
-         "--conf", "spark.ui.enabled=false",
-         # the JVM flags of the job's local session (cdcd.spark.session.JAVA_OPTIONS): C1 only, the parallel
-         # collector; measured here: the merge took 24 s instead of 123 s with the JVM's defaults
-         "--conf", f"spark.executor.extraJavaOptions={JAVA_OPTIONS}", "--driver-java-options", JAVA_OPTIONS,
-         "--driver-class-path", classpath, "--conf", f"spark.executor.extraClassPath={classpath}",
-         cdcd.spark.consumer.__file__, "--landing", landing, "--target", target, "--format", "delta", "--once"],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
+    proc = subprocess.run(cluster.submit_command(landing, target, name="cdcd-on-the-cluster"),
+                          capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert s3.secret_key not in output  # the keys are never logged

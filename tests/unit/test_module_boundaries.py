@@ -61,7 +61,7 @@ MAP: dict[str, frozenset[str]] = {
                                 "cdcd.sinks", "cdcd.spark"}),
     "cdcd.cli": frozenset({E, "cdcd", "cdcd.checkpoint", "cdcd.config", "cdcd.daemon", "cdcd.logging",
                            "cdcd.runtime", "cdcd.sources", "cdcd.spark", "cdcd.verify"}),
-    "devtools.servers": frozenset({E}),
+    "devtools.servers": frozenset({E, "cdcd.spark"}),
     "bench": frozenset({"devtools.servers", "cdcd.landing", "cdcd.sources.postgres"}),
     "devtools": frozenset({"cdcd.config", "devtools.servers", "cdcd.landing", "cdcd.verify"}),
 }
