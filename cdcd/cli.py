@@ -368,7 +368,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     _quiet_logging(config)
     verify = importlib.import_module("cdcd.verify").verify
     try:
-        return int(verify(config, args.target, tables=args.table))
+        return int(verify(config, args.target, tables=args.table, settle_timeout_s=args.settle_timeout))
     finally:
         importlib.import_module("cdcd.verify.mirror").end_spark()
 
@@ -448,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the Spark consumer's --target")
     p.add_argument("--table", action="append", metavar="SCHEMA.TABLE",
                    help="compare only this captured table (repeatable; default: every captured table)")
+    p.add_argument("--settle-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to re-check differences where the mirror caught up with the source (0: do not)")
     return parser
 
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cdcd.config import Config
-from cdcd.errors import CdcdError, ConfigError, MirrorUnreadable
+from cdcd.errors import CdcdError, ConfigError, MirrorUnreadable, reason
 from cdcd.events import TableId
 from cdcd.verify.compare import TableDiff, compare
 from cdcd.verify.mirror import lakehouse_frame, read_mirror, target_format
 from cdcd.verify.progress import Progress
 from cdcd.verify.ranges import TableCheck
 from cdcd.verify.report import report
+from cdcd.verify.settle import Settle
 from cdcd.verify.sides import SourceSide, source_side
 from cdcd.verify.source import SourceTable, read_source
 
@@ -46,21 +47,22 @@ def _whole(config: Config, target: Path, tables: list[TableId]) -> list[TableDif
         try:
             mirror_rows = read_mirror(target, str(t.table), t.columns)
         except Exception as exc:  # pyarrow, Spark or the catalog: reported, exit 2
-            raise MirrorUnreadable(f"cannot read the mirror of {t.table} under {target}: {exc}") from exc
+            raise MirrorUnreadable(f"cannot read the mirror of {t.table} under {target}: {reason(exc)}") from exc
         diffs.append(compare(t, mirror_rows))
     return diffs
 
 
 async def _by_buckets(config: Config, target: Path, fmt: str, tables: list[TableId],
-                      progress: Progress) -> list[TableDiff]:
+                      progress: Progress, settle: Settle | None) -> list[TableDiff]:
     diffs = []
     async with source_side(config) as source:
         for t in tables:
-            diffs.append(await _one_table(source, target, fmt, t, progress))
+            diffs.append(await _one_table(source, target, fmt, t, progress, settle))
     return diffs
 
 
-async def _one_table(source: SourceSide, target: Path, fmt: str, t: TableId, progress: Progress) -> TableDiff:
+async def _one_table(source: SourceSide, target: Path, fmt: str, t: TableId, progress: Progress,
+                     settle: Settle | None) -> TableDiff:
     shape = await source.shape(t)
     try:
         frame: Any = lakehouse_frame(target, fmt, str(t))
@@ -70,16 +72,27 @@ async def _one_table(source: SourceSide, target: Path, fmt: str, t: TableId, pro
             src = SourceTable(t, shape.columns, shape.key, await source.all_rows(shape))
             return compare(src, mirror_rows)
         diff = await check.run(lambda done, total: progress.update(str(t), done, total))
+        if not diff.ok and settle is not None:
+            keys = [k for k in (*diff.missing, *diff.extra, *diff.changed) if isinstance(k, tuple)]
+            settled = await settle.run(shape, frame, check.mirror_keys, check.buckets_checked, check.differing, diff)
+            if settled.note:
+                print(f"verify: {t}: the differences were not re-checked: {settled.note}", file=sys.stderr)
+            else:
+                diff.rechecked, diff.unsettled = len(keys), settled.unsettled
+            diff.missing, diff.extra, diff.changed = settled.missing, settled.extra, settled.changed
+            diff.versions = settled.versions
     except CdcdError:
         raise
     except Exception as exc:  # Spark or the catalog: reported, exit 2
-        raise MirrorUnreadable(f"cannot read the mirror of {t} under {target}: {exc}") from exc
+        raise MirrorUnreadable(f"cannot read the mirror of {t} under {target}: {reason(exc)}") from exc
     progress.done(str(t), check.buckets_checked, check.buckets_differing)
     return diff
 
 
-def verify(config: Config, target: str, out: TextIO | None = None, tables: list[str] | None = None) -> int:
-    """Compare and print; the exit code (0 equal, 1 drift, 2 cannot read)."""
+def verify(config: Config, target: str, out: TextIO | None = None, tables: list[str] | None = None,
+           settle_timeout_s: float = 60.0) -> int:
+    """Compare and print; the exit code (0 equal, 1 drift, 2 cannot read). Differences on a Delta Lake or Iceberg
+    mirror are re-checked at one position of both sides within ``settle_timeout_s`` (0: not re-checked)."""
     out = out or sys.stdout
     path = Path(target)
     try:
@@ -88,8 +101,9 @@ def verify(config: Config, target: str, out: TextIO | None = None, tables: list[
         if fmt == "parquet":
             diffs = _whole(config, path, chosen)
         else:
+            settle = Settle(config, path, fmt, settle_timeout_s) if settle_timeout_s > 0 else None
             with Progress() as progress:
-                diffs = asyncio.run(_by_buckets(config, path, fmt, chosen, progress))
+                diffs = asyncio.run(_by_buckets(config, path, fmt, chosen, progress, settle))
     except CdcdError as exc:
         print(f"verify: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,8 @@ class TableDiff:
     versions: dict[Any, tuple[dict[str, Any] | None, dict[str, Any] | None]] = field(default_factory=dict)
     buckets: int | None = None  # compared by bucket checksums (cdcd.verify.ranges): buckets checked
     differing_buckets: int = 0  # ... and those whose rows were read
+    rechecked: int = 0  # differing keys re-checked at one position of source and mirror (cdcd.verify.settle)
+    unsettled: int = 0  # ... of them changed again in every round: neither equal nor drift
 
     @property
     def ok(self) -> bool:

@@ -47,8 +47,8 @@ def lakehouse_frame(target: Path, fmt: str, table: str, kind: str = "tables") ->
         raise ValueError(problem)
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.getActiveSession()
-    assert spark is not None
+    # the session prepare_run started; another thread of the process (a test) finds it through the builder
+    spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
     schema, name = table.split(".", 1)
     if not names.exists(spark, kind, schema, name):
         return None

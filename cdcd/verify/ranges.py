@@ -53,6 +53,9 @@ class TableCheck:
         self.key_pos = [names.index(k) for k in shape.key]
         self.buckets_checked = 0
         self.buckets_differing = 0
+        self.differing: list[int] = []  # the buckets whose checksums differed, for the re-check
+        # in the key's order, as the source's side orders them: the bucket hashes the same text on both sides
+        self.mirror_keys = [e for e in (self.mirror_exprs[i] for i in self.key_pos) if e is not None]
 
     def summable(self) -> bool:
         """Both sides have a canonical text for every column (else every bucket is compared by rows)."""
@@ -67,7 +70,7 @@ class TableCheck:
         name = str(shape.table)
         rows = await self.source.count(shape)
         n = bucket_count(rows)
-        mirror_keys = [e for i, e in enumerate(self.mirror_exprs) if i in self.key_pos and e is not None]
+        mirror_keys = self.mirror_keys
         if self.summable() and self.frame is not None:
             src = await self.source.digests(shape, n)
             dst = digests(self.frame, [e for e in self.mirror_exprs if e is not None], mirror_keys, n)
@@ -76,7 +79,7 @@ class TableCheck:
         else:
             differing = list(range(n))
             mirror_rows = 0 if self.frame is None else int(self.frame.count())
-        self.buckets_checked, self.buckets_differing = n, len(differing)
+        self.buckets_checked, self.buckets_differing, self.differing = n, len(differing), differing
         total = TableDiff(name, rows, mirror_rows, buckets=n, differing_buckets=len(differing))
         progress(0, len(differing))
         for start in range(0, len(differing), CHUNK_BUCKETS):

@@ -15,7 +15,9 @@ def report(diffs: list[TableDiff], out: TextIO) -> None:
         print(
             f"{d.table}: {status} source={d.source_rows} mirror={d.mirror_rows} "
             f"missing={len(d.missing)} extra={len(d.extra)} changed={len(d.changed)}"
-            + ("" if d.buckets is None else f" buckets={d.buckets} differing={d.differing_buckets}"),
+            + ("" if d.buckets is None else f" buckets={d.buckets} differing={d.differing_buckets}")
+            + (f" rechecked={d.rechecked}" if d.rechecked else "")
+            + (f" unsettled={d.unsettled}" if d.unsettled else ""),
             file=out,
         )
         for label, keys in (("missing", d.missing), ("extra", d.extra), ("changed", d.changed)):

@@ -11,15 +11,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
+import pymysql
+import structlog
+
 from cdcd.config import Config
 from cdcd.errors import CdcdError, SourceError
 from cdcd.events import TableId
+from cdcd.positions import MySqlPosition, PgPosition, Position, parse_lsn
 from cdcd.verify.source import PG_SESSION, TableShape, my_rows, my_shape, pg_rows, pg_shape
 
 Digests = dict[int, tuple[int, int, int]]
+log = structlog.get_logger("cdcd.verify")
 
 
 class SourceSide(Protocol):
+    #: where the source stood when the snapshot began: ``before`` is at or below every change the snapshot
+    #: may lack, ``at`` at or above every change it holds (None: the source does not tell)
+    before: Position | None
+    at: Position | None
+
     async def shape(self, t: TableId) -> TableShape: ...
     async def count(self, shape: TableShape) -> int: ...
     async def digests(self, shape: TableShape, buckets: int) -> Digests: ...
@@ -40,8 +50,8 @@ def _all_exprs(shape: TableShape) -> list[str]:
 
 
 class PgSide:
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+    def __init__(self, conn: Any, before: Position | None = None, at: Position | None = None) -> None:
+        self.conn, self.before, self.at = conn, before, at
 
     async def shape(self, t: TableId) -> TableShape:
         return await pg_shape(self.conn, t)
@@ -67,8 +77,8 @@ class PgSide:
 
 
 class MySide:
-    def __init__(self, cur: Any) -> None:
-        self.cur = cur
+    def __init__(self, cur: Any, before: Position | None = None, at: Position | None = None) -> None:
+        self.cur, self.before, self.at = cur, before, at
 
     async def shape(self, t: TableId) -> TableShape:
         return await my_shape(self.cur, t)
@@ -95,6 +105,24 @@ class MySide:
         return my_rows(shape, list(await self.cur.fetchall()))
 
 
+async def _binlog_position(cur: Any, statement: str) -> Position | None:
+    """The binlog file and offset a statement reports (SHOW MASTER STATUS, or MariaDB's binlog_snapshot_file
+    and _position status variables); None without a binlog or the privilege to see it (the epoch is the
+    checkpoint's, set by ``cdcd.verify.settle``)."""
+    try:
+        await cur.execute(statement)
+        rows = list(await cur.fetchall())
+    except pymysql.MySQLError as exc:  # no binlog, no privilege: the differences are then not re-checked
+        log.warning("verify cannot read the binlog position", statement=statement, error=str(exc))
+        return None
+    if statement.startswith("SHOW STATUS"):
+        found = {str(r[0]).lower(): r[1] for r in rows}
+        file, pos = found.get("binlog_snapshot_file"), found.get("binlog_snapshot_position")
+    else:
+        file, pos = (rows[0][0], rows[0][1]) if rows else (None, None)
+    return MySqlPosition.at(str(file), int(pos)) if file and pos is not None else None
+
+
 @asynccontextmanager
 async def source_side(config: Config) -> AsyncIterator[SourceSide]:
     """The source in one read-only snapshot transaction, with the source's own connection and TLS code."""
@@ -108,8 +136,11 @@ async def source_side(config: Config) -> AsyncIterator[SourceSide]:
         try:
             for name, value in PG_SESSION.items():  # what verify's text forms rely on, whatever the source sets
                 await conn.execute(f"SELECT set_config('{name}', '{value}', false)")
+            before = parse_lsn(await conn.fetchval("SELECT pg_current_wal_lsn()::text"))
             async with conn.transaction(isolation="repeatable_read", readonly=True):
-                yield PgSide(conn)
+                # the transaction's first statement takes its snapshot: every commit it sees is below this LSN
+                at = parse_lsn(await conn.fetchval("SELECT pg_current_wal_lsn()::text"))
+                yield PgSide(conn, PgPosition(before), PgPosition(at))
         finally:
             await conn.close()
         return
@@ -122,8 +153,12 @@ async def source_side(config: Config) -> AsyncIterator[SourceSide]:
         raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
     try:
         async with myconn.cursor() as cur:
+            my_before = await _binlog_position(cur, "SHOW MASTER STATUS")
             await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-            yield MySide(cur)
+            # MariaDB names the binlog position of the snapshot itself; MySQL only the position now
+            my_at = (await _binlog_position(cur, "SHOW STATUS LIKE 'binlog_snapshot_%'")
+                     or await _binlog_position(cur, "SHOW MASTER STATUS"))
+            yield MySide(cur, my_at if config.source.kind == "mariadb" else my_before, my_at)
             await cur.execute("COMMIT")
     finally:
         myconn.close()

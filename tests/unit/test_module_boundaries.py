@@ -55,8 +55,8 @@ MAP: dict[str, frozenset[str]] = {
     # exit codes every command shares (docs/operations.md), which live in cdcd.daemon.
     "cdcd.spark": frozenset({E, "cdcd", "cdcd.daemon.exitcodes", "cdcd.daemon.httpserver", "cdcd.fsutil",
                              "cdcd.landing", "cdcd.logging"}),
-    "cdcd.verify": frozenset({E, "cdcd.config", "cdcd.events", "cdcd.sources.mysql", "cdcd.sources.postgres",
-                              "cdcd.spark"}),
+    "cdcd.verify": frozenset({E, "cdcd.checkpoint", "cdcd.config", "cdcd.events", "cdcd.landing", "cdcd.positions",
+                              "cdcd.sources.mysql", "cdcd.sources.postgres", "cdcd.spark"}),
     "cdcd.sparkcds": frozenset({E, "cdcd", "cdcd.events", "cdcd.landing", "cdcd.positions", "cdcd.runtime",
                                 "cdcd.sinks", "cdcd.spark"}),
     "cdcd.cli": frozenset({E, "cdcd", "cdcd.checkpoint", "cdcd.config", "cdcd.daemon", "cdcd.logging",
