@@ -59,14 +59,6 @@ def wait_slot_synced(standby: PostgresServer, slot: str, timeout: float = 120) -
              timeout, log=standby.root / "server.log", step=0.2)
 
 
-def wait_replayed(primary: PostgresServer, standby: PostgresServer, timeout: float = 120) -> None:
-    """Until the standby replayed the primary's WAL up to its current position."""
-    target = primary.psql("SELECT pg_current_wal_lsn()")
-    query = f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"
-    wait_for(f"the standby on port {standby.port} to replay up to {target}", lambda: standby.psql(query) == "t",
-             timeout, log=standby.root / "server.log")
-
-
 def promote(standby: PostgresServer) -> None:
     """Promote the standby and wait (at most 60 s) until it accepts writes."""
     if standby.psql("SELECT pg_promote(true, 60)") != "t":
