@@ -102,12 +102,15 @@ class Settle:
 
     async def _mirror_reached(self, at: Position) -> str:
         """Wait until the mirror holds every change below ``at``; '' then, else why not."""
+        through: int | None = None  # the first checkpoint's batch at or past ``at``: it and those before hold them
         while True:
             found = self._checkpoint()
             if found is None:
                 return f"no checkpoint in state.path {self.config.state.path} (is this the daemon's config?)"
             pos, seq = found
-            if _at_or_past(pos, self._in_epoch(at, pos)) and self._applied_through(seq):
+            if through is None and _at_or_past(pos, self._in_epoch(at, pos)):
+                through = seq  # not a later checkpoint's: under steady writes it moves ahead of any consumer
+            if through is not None and self._applied_through(through):
                 return ""
             if time.monotonic() >= self.deadline:
                 return (f"the mirror did not reach the source's position {at} within --settle-timeout (daemon at "

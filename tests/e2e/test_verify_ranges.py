@@ -160,7 +160,11 @@ def test_live_postgres_lag_is_rechecked_and_only_persisting_drift_reported(
         spark: Any, pg_server: PostgresServer, pg_db: str, tmp_path: Path) -> None:
     """A mirror behind its source is not drift: verify finds the keys changed since the consumer's last batch
     differing, waits until the mirror reached the source's position (the daemon's checkpoint, the consumer's
-    commit record) and compares them again: equal then. A row tampered in the mirror stays different."""
+    commit record) and compares them again: equal then. A row tampered in the mirror stays different. A row
+    the source changes all the time (a writer runs through the whole verify) is never drift: each round finds
+    it changed in the change-log since its snapshot, so it is re-checked, then counted unsettled if it never
+    settles; and the steady writes do not keep the re-check from finding the mirror at the snapshot's position
+    (the checkpoint moves past it at every batch)."""
     from cdcd.spark.job import run
 
     pg_server.psql("CREATE TABLE t (id bigint PRIMARY KEY, s text);"
@@ -171,14 +175,25 @@ def test_live_postgres_lag_is_rechecked_and_only_persisting_drift_reported(
         "source.postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.5},
     })
     landing, target = tmp_path / "landing", tmp_path / "target"
+    writing = threading.Event()
+    writing.set()
+    steady: threading.Thread | None = None
     try:
         s.start("landed")
         s.wait("the snapshot landed", lambda: len(s.landed_ids()) >= 2000)
         assert run(str(landing), str(target), once=True, fmt="delta") == 0
         # the consumer does not run now: the mirror lags these three changes
         pg_server.psql("BEGIN; UPDATE t SET s = 'new' WHERE id = 5; DELETE FROM t WHERE id = 6;"
-                       "INSERT INTO t VALUES (5001, 'x'); COMMIT", pg_db)
+                       "INSERT INTO t VALUES (5001, 'x'); UPDATE t SET s = 'w0' WHERE id = 7; COMMIT", pg_db)
         s.wait("the changes landed", lambda: 5001 in s.landed_ids())
+        def writer() -> None:  # key 7 changes every few milliseconds until verify is done
+            n = 0
+            while writing.is_set():
+                n += 1
+                pg_server.psql(f"UPDATE t SET s = 'w{n}' WHERE id = 7", pg_db, timeout_s=60)
+
+        steady = threading.Thread(target=writer)
+        steady.start()
         ref = f"delta.`{(target / 'tables' / 'public.t').resolve().as_uri()}`"
         spark.sql(f"UPDATE {ref} SET s = 'tampered' WHERE id = 100")  # drift: the source never changes it
         config = load_config(s.config("landed"))
@@ -196,8 +211,12 @@ def test_live_postgres_lag_is_rechecked_and_only_persisting_drift_reported(
         worker.join(60)
         assert not worker.is_alive()
     finally:
+        writing.clear()
+        if steady is not None:
+            steady.join(60)
         s.close()
     code, text = result[0]
     assert code == 1, text
-    assert "missing=0 extra=0 changed=1" in text and "rechecked=4" in text, text
+    assert "missing=0 extra=0 changed=1" in text and "rechecked=5" in text, text
+    assert "key=['7']" not in text and "did not reach" not in text, text
     assert "changed key=['100']" in text and "'s': 'tampered'" in text
