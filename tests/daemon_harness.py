@@ -118,12 +118,12 @@ class DaemonHarness(abc.ABC):
             last = b.seq
         return acked, last
 
-    def spark_and_verify(self, cfg: Path | None = None) -> None:
-        """Run the Spark consumer once (Parquet) over the landing zone, then `cdcd verify` against the source
-        that ``cfg`` names (default: a fresh config of this harness, i.e. the server the data lives on now)."""
+    def spark_and_verify(self, cfg: Path | None = None, fmt: str = "parquet") -> None:
+        """Run the Spark consumer once (Parquet, or ``fmt``) over the landing zone, then `cdcd verify` against the
+        source that ``cfg`` names (default: a fresh config of this harness, i.e. the server the data lives on now)."""
         target = self.tmp / "target"
         spark = subprocess.run([CDCD, "spark", "run", "--landing", str(self.landing), "--target", str(target),
-                                "--once", "--format", "parquet"], capture_output=True, text=True)
+                                "--once", "--format", fmt], capture_output=True, text=True)
         assert spark.returncode == 0, spark.stderr[-3000:]
         verify = subprocess.run([CDCD, "verify", "-c", str(cfg or self.config("landed")), "--target", str(target)],
                                 capture_output=True, text=True)

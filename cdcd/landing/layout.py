@@ -21,9 +21,13 @@ from pathlib import Path
 
 FORMAT_NAME = "cdcd-landing"
 FORMAT_VERSION = 4
+#: The version of a manifest that holds a ranged covered record (``cdcd snapshot --where``): a reader of version 4
+#: would apply it to the whole table, so it must refuse it; every other manifest stays version 4, readable by
+#: consumers built before ranges.
+RANGED_VERSION = 5
 #: Manifest versions this cdcd reads: 1 has no ``zone_id``, 2 no ``covered`` list, 3 no column ``id``/``fill``,
-#: otherwise the same.
-READABLE_VERSIONS = (1, 2, 3, 4)
+#: 4 no ``range`` in covered records, otherwise the same.
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 MANIFESTS = "manifests"
 DATA = "data"

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from cdcd.errors import SinkFatal
 from cdcd.events import Column, TableSchema
-from cdcd.landing.layout import DATA, FORMAT_NAME, FORMAT_VERSION, READABLE_VERSIONS
+from cdcd.landing.layout import DATA, FORMAT_NAME, FORMAT_VERSION, RANGED_VERSION, READABLE_VERSIONS
 from cdcd.landing.values import value_from_json, value_to_json
 
 
@@ -126,18 +126,23 @@ class FileEntry:
 
 @dataclass(frozen=True, slots=True)
 class CoveredRecord:
-    """A completed whole-table re-snapshot: the table's rows below ``below`` are gone from the source."""
+    """A completed re-snapshot: the table's rows below ``below`` are gone from the source; with ``range`` (a
+    ``cdcd.landing.keyrange.KeyRange`` as JSON, from version 5) only those whose key is in that range."""
 
     schema: str
     name: str
     below: str  # a _cdc_pos
+    range: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"table": {"schema": self.schema, "name": self.name}, "below": self.below}
+        doc: dict[str, Any] = {"table": {"schema": self.schema, "name": self.name}, "below": self.below}
+        if self.range is not None:
+            doc["range"] = self.range
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CoveredRecord:
-        return cls(doc["table"]["schema"], doc["table"]["name"], doc["below"])
+        return cls(doc["table"]["schema"], doc["table"]["name"], doc["below"], doc.get("range"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +210,10 @@ class Manifest:
     version: int = FORMAT_VERSION
     schema_changes: tuple[SchemaChangeRecord, ...] = ()
     position_lost: tuple[PositionLostRecord, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.version < RANGED_VERSION and any(c.range is not None for c in self.covered):
+            object.__setattr__(self, "version", RANGED_VERSION)  # older readers must refuse it (layout.py)
 
     def to_json(self) -> dict[str, Any]:
         """The sealed document (the JSON object of docs/landing-format.md, with its checksum)."""

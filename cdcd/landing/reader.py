@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from cdcd.errors import SinkFatal
 from cdcd.events import TableId
 from cdcd.fsutil import write_durably
 from cdcd.landing import layout
+from cdcd.landing.keyrange import KeyRange
 from cdcd.landing.layout import CONSUMED, MANIFESTS
 from cdcd.landing.manifest import FileEntry, Manifest, TableEntry, parse_manifest, read
 from cdcd.landing.objstore import Location, ObjectStore, Settings, is_object_url
@@ -73,21 +74,36 @@ def table_files(landing: Path, segment: Sequence[tuple[int, Manifest]]) -> dict[
 class Covered:
     """What a run of batches says about one table's completed re-snapshots (docs/landing-format.md)."""
 
-    below: str  # the mirror's rows of the table with a lower ``_cdc_pos`` are gone from the source
+    below: str | None  # the mirror's rows of the table with a lower ``_cdc_pos`` are gone from the source
     seq: int  # the last batch that holds such a record
+    # ranged records (``cdcd snapshot --where``): (below, the Spark SQL condition on the key), in batch order
+    ranges: tuple[tuple[str, str], ...] = ()
+
+    def gone(self, pos_column: str, literal: Callable[[str], str]) -> str:
+        """The condition on the mirror's rows the records remove (Spark SQL)."""
+        parts = [f"{pos_column} < {literal(self.below)}"] if self.below is not None else []
+        parts += [f"({pos_column} < {literal(b)} AND {cond})" for b, cond in self.ranges
+                  if self.below is None or b > self.below]  # a whole-table record at or past it removes those
+        return " OR ".join(parts)
 
 
 def covered_tables(segment: Sequence[tuple[int, Manifest]]) -> dict[tuple[str, str], Covered]:
     """The covered records of a run of batches (seq, manifest) per (schema, table).
 
-    Several records of one table merge into the highest ``below``: applied after the run's
-    events, ``_cdc_pos < b1`` then ``_cdc_pos < b2`` removes what ``_cdc_pos < max(b1, b2)`` does.
+    Several whole-table records of one table merge into the highest ``below``: applied after the run's
+    events, ``_cdc_pos < b1`` then ``_cdc_pos < b2`` removes what ``_cdc_pos < max(b1, b2)`` does. Ranged
+    records are kept each with its own bound and condition.
     """
     out: dict[tuple[str, str], Covered] = {}
     for seq, manifest in segment:
         for c in manifest.covered:
-            had = out.get((c.schema, c.name))
-            out[(c.schema, c.name)] = Covered(max(c.below, had.below) if had else c.below, seq)
+            had = out.get((c.schema, c.name)) or Covered(None, seq)
+            if c.range is None:
+                below = c.below if had.below is None else max(c.below, had.below)
+                out[(c.schema, c.name)] = Covered(below, seq, had.ranges)
+            else:
+                cond = KeyRange.from_json(c.range).to_spark_sql()
+                out[(c.schema, c.name)] = Covered(had.below, seq, (*had.ranges, (c.below, cond)))
     return out
 
 

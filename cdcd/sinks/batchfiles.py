@@ -127,7 +127,7 @@ def covered(batch: Batch) -> list[CoveredRecord]:
                     f"batch {batch.seq}: a {item.kind} mark at {item.position.encoded} needs detail 'table' "
                     f"(schema.table) and 'below' (a position), got {item.detail!r}: {exc}"
                 ) from exc
-            out.append(CoveredRecord(tid.schema, tid.name, encoded))
+            out.append(CoveredRecord(tid.schema, tid.name, encoded, item.detail.get("range")))
     return out
 
 

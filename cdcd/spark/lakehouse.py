@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
+from cdcd.landing.columns import CDC_POS
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import evolve, schemalog
 from cdcd.spark import lakehouse_sql as sql
@@ -459,7 +460,8 @@ class Lakehouse(ABC):
                      lambda c, dt: evolve.approved(spark, ref, c, dt))
 
     def apply_covered(self, spark: SparkSession, segment: Segment) -> None:
-        """``DELETE FROM mirror WHERE _cdc_pos < below`` per covered table (``Segment.covered``).
+        """``DELETE FROM mirror WHERE _cdc_pos < below`` per covered table (``Segment.covered``; a ranged record
+        adds its key condition: ``... OR (_cdc_pos < below AND <range>)``).
 
         Runs after the tables' MERGEs. Idempotent by construction (a second run finds no row below);
         on Delta the commit also records the batch seq (appId ``cdcd-covered``), so a repeat after a
@@ -470,7 +472,7 @@ class Lakehouse(ABC):
             if not self.exists(spark, "tables", schema, table):
                 continue
             with recorded(spark, self.commit_settings(CommitRecord(COVERED_STEP, c.seq))):
-                spark.sql(sql.truncate_before(self.mirror(schema, table), c.below))
+                spark.sql(f"DELETE FROM {self.mirror(schema, table)} WHERE {c.gone(CDC_POS, sql.literal)}")
 
     def changelog_beside(self, pool: ThreadPoolExecutor, spark: SparkSession, schema: str, table: str,
                          files: list[LandedFile], p: Prepared, log_schema: StructType, seq: int,

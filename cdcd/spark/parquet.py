@@ -39,6 +39,7 @@ from cdcd.landing.columns import (
     META_FIELDS,
 )
 from cdcd.landing.reader import LandedFile
+from cdcd.logging import get_logger
 from cdcd.spark import schemalog
 from cdcd.spark.identity import (
     identity,
@@ -60,6 +61,7 @@ from cdcd.spark.state import TableState, TargetStore
 from cdcd.spark.strategy import Applied, Segment, applying
 
 BUCKET = "cdc_bucket"
+_log = get_logger("cdcd.spark")
 
 
 def threshold(truncate_pos: str | None, below: str | None) -> str | None:
@@ -420,6 +422,13 @@ class Parquet:
         work = self.store.work_dir / f"{segment.first:020d}"
         out = Applied()
         cover = segment.covered()
+        for (schema, name), ranged in sorted(cover.items()):
+            if ranged.ranges:  # docs/spark.md, "Re-syncs of a key range"
+                _log.warning(f"{schema}.{name}: a --where re-sync covered {len(ranged.ranges)} key range(s); the "
+                             "Parquet "
+                             "format re-applies the rows read again but does not remove the mirror rows of the "
+                             "range that the source no longer has (Delta and Iceberg do): re-sync the whole table "
+                             f"(`cdcd snapshot {schema}.{name}`) to remove them", batch=ranged.seq)
         for n, ((schema, name), files) in enumerate(sorted(segment.tables().items())):
             table = f"{schema}.{name}"
             t = TableInput(table, files, tables.get(table, TableState()), segment.run_id,
@@ -435,7 +444,7 @@ class Parquet:
         out.files += _schema_change_rows(segment, tables, self.store, work)
         for (schema, name), c in sorted(cover.items()):  # covered tables without events in the segment
             table = f"{schema}.{name}"
-            if table in tables:
+            if table in tables and c.below is not None:
                 out.tables[table], swaps = rewrite_parquet(spark, self.store.table_dir(table), tables[table],
                                                            c.below, work)
                 out.buckets += swaps

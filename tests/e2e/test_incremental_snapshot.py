@@ -210,8 +210,9 @@ def finished(s: Setup, table: str, where: str | None) -> bool:
 @pytest.mark.spark
 @pytest.mark.slow
 def test_operator_resnapshot_where_and_reloads_under_writes_end_equal(setup: Setup) -> None:
-    """`cdcd snapshot` after rows were deleted behind cdcd's back, `cdcd snapshot --where` and tables added with
-    `cdcd tables reload` and SIGHUP, all while a workload writes: Spark + `cdcd verify` find the mirror equal."""
+    """`cdcd snapshot` after rows were deleted behind cdcd's back, `cdcd snapshot --where` on a key range after
+    more were deleted and changed in it, and tables added with `cdcd tables reload` and SIGHUP, all while a
+    workload writes: Spark + `cdcd verify` find the mirror equal."""
     s = setup
     fill = "SELECT g, g, 'p' FROM generate_series(1, {n}) g" if s.kind == "postgres" else \
         "SELECT seq, seq, 'p' FROM seq_1_to_{n}"
@@ -242,9 +243,20 @@ def test_operator_resnapshot_where_and_reloads_under_writes_end_equal(setup: Set
         asked = cli("snapshot", "-c", str(cfg), s.qualified("t"))
         assert asked.returncode == 0, asked.stderr
         s.wait("the re-snapshot done", lambda: finished(s, "t", None), timeout=180)
-        asked = cli("snapshot", "-c", str(cfg), s.qualified("t"), "--where", "id % 5 = 0")
+        # a key range re-synced: rows deleted and changed in it behind cdcd's back are repaired (its covered record
+        # removes the mirror rows the re-read did not see); a condition not on the key is refused
+        hidden = ("DELETE FROM t WHERE id BETWEEN 101 AND 200 AND id % 3 = 0",
+                  "UPDATE t SET pad = 'hidden2' WHERE id BETWEEN 101 AND 200 AND id % 4 = 0")
+        if s.kind == "postgres":  # one transaction: the writer's changes meanwhile stay published
+            s.sql(f"BEGIN; ALTER PUBLICATION {pub} DROP TABLE t; {'; '.join(hidden)}; "
+                  f"ALTER PUBLICATION {pub} ADD TABLE t; COMMIT")
+        else:
+            s.sql(f"SET sql_log_bin = 0; {'; '.join(hidden)}; SET sql_log_bin = 1")
+        refused = cli("snapshot", "-c", str(cfg), s.qualified("t"), "--where", "id % 5 = 0")
+        assert refused.returncode != 0 and "cannot be recorded as a key range" in refused.stderr, refused.stderr
+        asked = cli("snapshot", "-c", str(cfg), s.qualified("t"), "--where", "id BETWEEN 101 AND 200")
         assert asked.returncode == 0, asked.stderr
-        s.wait("the WHERE snapshot done", lambda: finished(s, "t", "id % 5 = 0"), timeout=180)
+        s.wait("the WHERE snapshot done", lambda: finished(s, "t", "id BETWEEN 101 AND 200"), timeout=180)
 
         s.tables = ["s", "t", "b"]
         cfg.write_text(s.config("landed", snapshot={"chunk_rows": 200}, **listen).read_text())
@@ -264,4 +276,4 @@ def test_operator_resnapshot_where_and_reloads_under_writes_end_equal(setup: Set
     s.wait("the checkpoint passed the last write", s.passed_the_end())
     s.procs[-1].send_signal(signal.SIGTERM)
     assert s.procs[-1].wait(WAIT_S) == 0, s.tail()
-    s.spark_and_verify()
+    s.spark_and_verify(fmt="delta" if s.kind == "postgres" else "iceberg")  # Parquet removes no range (docs)

@@ -166,9 +166,11 @@ def test_tables_reload_and_sighup_and_refused_requests(
     assert again.returncode == 0 and "source.tables unchanged (public.orders)" in again.stdout
     d.proc.send_signal(signal.SIGTERM)
     assert d.exit_code() == ExitCode.OK
-    # the whole-table snapshot of the added table records what it covered; the WHERE snapshot records nothing
+    # the whole-table snapshot of the added table records what it covered; the WHERE snapshot its key range too
     records = [r for b in read_batches(tmp_path / "landing") for r in covered_records(b.manifest)]
-    assert [(s, t) for s, t, _ in records] == [("public", "items")]
+    assert [(s, t) for s, t, _ in records] == [("public", "items")] * 2
+    ranges = [c.range for b in read_batches(tmp_path / "landing") for c in b.manifest.covered]
+    assert ranges == [None, {"column": "id", "lo": 80, "lo_inclusive": False, "hi": None, "hi_inclusive": True}]
     no_http = tmp_path / "nohttp.toml"
     no_http.write_text(good.replace(f'listen = "127.0.0.1:{http}"', 'listen = ""'))
     off = cdcd("snapshot", "-c", str(no_http), "public.orders")

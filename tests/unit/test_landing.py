@@ -282,8 +282,8 @@ async def test_a_version_2_manifest_reads_without_covered_records(tmp_path: Path
     [landed] = read_batches(tmp_path)
     assert landed.manifest.version == 2 and covered_records(landed.manifest) == []
     assert landed.manifest.to_json() == load_manifest(path)  # an older version reads back as it was landed
-    path.write_text(json.dumps(seal({**old, "version": 5})))  # a newer format is refused, naming the fix
-    with pytest.raises(SinkFatal, match="format version 5; this cdcd reads versions 1, 2, 3, 4"):
+    path.write_text(json.dumps(seal({**old, "version": 6})))  # a newer format is refused, naming the fix
+    with pytest.raises(SinkFatal, match="format version 6; this cdcd reads versions 1, 2, 3, 4, 5"):
         read_batches(tmp_path)
 
 

@@ -11,7 +11,9 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcd.errors import ConfigError
 from cdcd.events import ChangeBlock, ChangeEvent, Item, Mark, MarkKind, Op, RowBlock, TableId, TableSchema
+from cdcd.landing.keyrange import KeyRange, key_kind, parse_where
 from cdcd.positions import Position
 
 
@@ -197,9 +199,25 @@ class Window:
                 out.append(Mark(MarkKind.SNAPSHOT_COVERED, at, {"table": table, "below": job.below}))
                 if job.repairs:
                     stale.pop(job.table, None)
+            else:
+                covered = recorded_range(job.where, chunk.schema)
+                if covered is not None:
+                    out.append(Mark(MarkKind.SNAPSHOT_COVERED, at, {"table": table, "below": job.below,
+                                                                    "range": covered.to_json()}))
             out.append(Mark(MarkKind.INCREMENTAL_DONE, at, {"table": table}))
         chunk.emitted.set()
         return out
+
+
+def recorded_range(where: str, schema: TableSchema) -> KeyRange | None:
+    """The key range a ``where`` re-sync covers; None for a condition accepted before conditions were checked
+    (a request queued by an older cdcd): it re-reads its rows and records nothing, as then."""
+    key = schema.key
+    kind = key_kind(schema.column(key[0]).source_type) if len(key) == 1 else "other"
+    try:
+        return parse_where(where, key, str(schema.table), kind)
+    except ConfigError:
+        return None
 
 
 def partial_key_changes(item: ChangeEvent | ChangeBlock) -> list[ChangeEvent]:

@@ -26,6 +26,7 @@ from cdcd.capture.retention import Retention, RetentionWatch
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError, SourceFatal
 from cdcd.events import Item, Mark, MarkKind, TableId
+from cdcd.landing.keyrange import key_kind, parse_where
 from cdcd.positions import MySqlPosition, Position
 from cdcd.runtime.interfaces import CheckResult, ResumePoint, Source
 from cdcd.sources.mysql.binlog import StartPoint
@@ -317,6 +318,13 @@ class MySqlSource(Recovering, Source):
             async with asyncio.timeout(self.config.runtime.source_read_timeout_s), conn.cursor() as cur:
                 await cur.execute(f"EXPLAIN SELECT 1 FROM {quote_ident(t.schema)}.{quote_ident(t.name)} "
                                   f"WHERE ({where})")
+                # the key and its type: the condition must be one the merge can record as a key range
+                await cur.execute(
+                    "SELECT k.COLUMN_NAME, c.DATA_TYPE FROM information_schema.KEY_COLUMN_USAGE k JOIN "
+                    "information_schema.COLUMNS c ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME "
+                    "AND c.COLUMN_NAME = k.COLUMN_NAME WHERE k.TABLE_SCHEMA = %s AND k.TABLE_NAME = %s AND "
+                    "k.CONSTRAINT_NAME = 'PRIMARY' ORDER BY k.ORDINAL_POSITION", (t.schema, t.name))
+                key = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
         except Exception as exc:
             code = code_of(exc)
             if code is not None and code not in TRANSIENT_CODES and not 2000 <= code < 3000:  # the server's answer
@@ -326,6 +334,7 @@ class MySqlSource(Recovering, Source):
             raise query_error(exc, f"checking a snapshot condition on {self.server.where}") from exc
         finally:
             conn.close()
+        parse_where(where, [k for k, _ in key], str(t), key_kind(key[0][1]) if len(key) == 1 else "other")
 
     def reload_tables(self, tables: list[str]) -> asyncio.Future[None]:
         new = parse_tables(tables)

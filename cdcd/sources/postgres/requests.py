@@ -17,6 +17,7 @@ from cdcd.capture.incremental import Incremental, SnapshotJob, check_table, pars
 from cdcd.config import Config
 from cdcd.errors import ConfigError, SourceError
 from cdcd.events import Mark, MarkKind, TableId
+from cdcd.landing.keyrange import key_kind, parse_where
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres import catalog
 from cdcd.sources.postgres.chunks import PgChunkReader
@@ -64,6 +65,10 @@ class PgRequests:
                               f"server's words on {self._t.params.where}); correct --where") from None
         finally:
             await conn.close(timeout=5)
+        info = self._t.infos.get(t)
+        key = list(info.key) if info is not None else []
+        kind = key_kind(next(c.sql_type for c in info.columns if c.name == key[0])) if info and len(key) == 1 else ""
+        parse_where(where, key, str(t), kind)  # a condition the merge can record as a key range, else refused
 
     async def _republish(self, t: TableId) -> None:
         """A table re-created under a captured name: add it to the publication again (when cdcd created it;

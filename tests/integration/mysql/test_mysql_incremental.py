@@ -495,7 +495,9 @@ async def test_a_snapshot_condition_the_server_cannot_plan_is_refused_with_its_w
     sql("CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1)")
     async with Driver(make_config(["t"], snapshot={"mode": "never"})) as d:
         src = d.source
-        await src.check_where(f"{maria_db}.t", "id > 0 AND v < 5")  # a good condition passes
+        await src.check_where(f"{maria_db}.t", "id > 0 AND id < 5")  # a good condition passes
+        with pytest.raises(ConfigError, match="cannot be recorded as a key range"):  # planned, but not on the key
+            await src.check_where(f"{maria_db}.t", "id > 0 AND v < 5")
         for bad, words in (("id >", "SQL syntax"), ("nope = 1", "Unknown column 'nope'"),
                            ("id > 0; DROP TABLE t", "SQL syntax")):
             with pytest.raises(ConfigError, match="does not work on") as refused:
