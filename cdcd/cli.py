@@ -373,6 +373,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
         importlib.import_module("cdcd.verify.mirror").end_spark()
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    config = _config(args, connects=True)
+    _quiet_logging(config)
+    repair = importlib.import_module("cdcd.repair").repair
+    try:
+        return int(repair(config, args.target, tables=args.table, dry_run=args.dry_run,
+                          settle_timeout_s=args.settle_timeout, wait_timeout_s=args.wait_timeout))
+    finally:
+        importlib.import_module("cdcd.verify.mirror").end_spark()
+
+
 # -- parser ----------------------------------------------------------------------------
 
 
@@ -451,6 +462,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare only this captured table (repeatable; default: every captured table)")
     p.add_argument("--settle-timeout", type=float, default=60.0, metavar="S",
                    help="seconds to re-check differences where the mirror caught up with the source (0: do not)")
+
+    p = command("repair", cmd_repair, "re-sync through the running daemon exactly the keys where the mirror differs "
+                "from the source, then check again; non-zero if drift remains")
+    _add_config(p)
+    p.add_argument("--target", required=True, type=spark_args.local_path, metavar="PATH",
+                   help="the Spark consumer's --target")
+    p.add_argument("--table", action="append", metavar="SCHEMA.TABLE",
+                   help="repair only this captured table (repeatable; default: every captured table)")
+    p.add_argument("--dry-run", action="store_true", help="report what would be re-synced; change nothing")
+    p.add_argument("--settle-timeout", type=float, default=60.0, metavar="S",
+                   help="as for `cdcd verify`: seconds to re-check differences on a live source (0: do not)")
+    p.add_argument("--wait-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds to wait for the daemon's re-syncs, then for the consumer to merge them")
     return parser
 
 

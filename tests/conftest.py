@@ -48,7 +48,7 @@ SPREAD = frozenset({
 SLOWEST_FIRST = (
     "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_cluster.py",
     "test_spark_kill.py",
-    "test_spark_stop.py", "test_schema_changes.py",
+    "test_spark_stop.py", "test_schema_changes.py", "test_verify_ranges.py", "test_repair.py",
     "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_formats.py", "test_spark_covered.py",
     "test_incremental_snapshot.py", "test_position_lost.py", "test_spark_cds.py", "test_spark_types_large.py",
     "test_spark_mariadb.py", "test_landing_consumed.py", "test_snapshot_generations.py",
@@ -57,7 +57,7 @@ SLOWEST_FIRST = (
     "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
     "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_s3a.py", "test_spark_submit.py",
     "test_spark_follow.py",
-    "test_postgres_server_stop.py", "test_verify_ranges.py", "test_pg_failover.py",
+    "test_postgres_server_stop.py", "test_pg_failover.py",
 )
 
 

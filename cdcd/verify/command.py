@@ -89,21 +89,23 @@ async def _one_table(source: SourceSide, target: Path, fmt: str, t: TableId, pro
     return diff
 
 
+def compare_tables(config: Config, path: Path, chosen: list[TableId], settle_timeout_s: float) -> list[TableDiff]:
+    """Each table's differences (what `cdcd verify` reports); raises CdcdError when a side cannot be read."""
+    fmt = target_format(path)
+    if fmt == "parquet":
+        return _whole(config, path, chosen)
+    settle = Settle(config, path, fmt, settle_timeout_s) if settle_timeout_s > 0 else None
+    with Progress() as progress:
+        return asyncio.run(_by_buckets(config, path, fmt, chosen, progress, settle))
+
+
 def verify(config: Config, target: str, out: TextIO | None = None, tables: list[str] | None = None,
            settle_timeout_s: float = 60.0) -> int:
     """Compare and print; the exit code (0 equal, 1 drift, 2 cannot read). Differences on a Delta Lake or Iceberg
     mirror are re-checked at one position of both sides within ``settle_timeout_s`` (0: not re-checked)."""
     out = out or sys.stdout
-    path = Path(target)
     try:
-        chosen = chosen_tables(config, tables)
-        fmt = target_format(path)
-        if fmt == "parquet":
-            diffs = _whole(config, path, chosen)
-        else:
-            settle = Settle(config, path, fmt, settle_timeout_s) if settle_timeout_s > 0 else None
-            with Progress() as progress:
-                diffs = asyncio.run(_by_buckets(config, path, fmt, chosen, progress, settle))
+        diffs = compare_tables(config, Path(target), chosen_tables(config, tables), settle_timeout_s)
     except CdcdError as exc:
         print(f"verify: {exc}", file=sys.stderr)
         return 2
