@@ -2,7 +2,8 @@
 of a 3,000-row table (MariaDB with sql_log_bin = 0, so the binlog never carries them) are found by verify's bucket
 checksums and re-synced as one key list through the running daemon; the Delta mirror, merged by the consumer the
 test runs as an operator's scheduler would, then equals the source. ``--dry-run`` reports the same keys and changes
-nothing; a second repair finds nothing to do."""
+nothing; a second repair finds nothing to do. The same for an Iceberg mirror of PostgreSQL tampered in Spark (rows
+deleted, changed and added in the mirror)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from daemon_harness import DaemonHarness, rows
 
 from cdcd.config import load_config
 from cdcd.repair import repair
-from devtools.servers import MariaDBServer, free_port
+from devtools.servers import MariaDBServer, PostgresServer, free_port
 
 pytestmark = pytest.mark.spark
 
@@ -107,3 +108,59 @@ def _status(s: Setup, port: int) -> list[dict[str, Any]]:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as resp:
         return list(json.loads(resp.read()).get("incremental_snapshots") or [])
+
+
+def test_postgres_iceberg_mirror_tampered_is_repaired_key_by_key(spark: Any, pg_server: PostgresServer, pg_db: str,
+                                                                tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    from cdcd.spark.formats import lakehouse_format
+    from cdcd.spark.job import run
+
+    pg_server.psql(f"CREATE TABLE t (id int PRIMARY KEY, v int, s text);"
+                   f"INSERT INTO t SELECT g, g * 7, 'r' || g FROM generate_series(1, {ROWS}) g", pg_db)
+    http = free_port()
+    sections = {"http": {"listen": f"127.0.0.1:{http}"}}
+    s = Setup(tmp_path, {
+        "source": {"kind": "postgres", "port": pg_server.port, "user": "postgres", "database": pg_db,
+                   "tables": ["public.t"], "sslmode": "disable"},
+        "source.postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.5},
+    })
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    merging = threading.Event()
+    consumer: threading.Thread | None = None
+    try:
+        s.start("landed", **sections)
+        s.wait("the snapshot landed", lambda: len(s.landed_ids()) >= ROWS)
+        assert run(str(landing), str(target), once=True, fmt="iceberg") == 0
+        config = load_config(s.config("landed", **sections))
+        names = lakehouse_format("iceberg", target)
+        assert names.prepare_run() is None
+        ref = names.ref("tables", "public", "t")
+        # the mirror tampered: 2 rows gone, 1 changed, 2 that the source never had
+        spark.sql(f"DELETE FROM {ref} WHERE id IN (10, 11)")
+        spark.sql(f"UPDATE {ref} SET v = -1 WHERE id = 1500")
+        extra = spark.table(ref).where("id IN (5, 6)").withColumn("id", F.col("id") + 9000)
+        extra.writeTo(ref).append()
+
+        out = io.StringIO()
+        assert repair(config, str(target), out, dry_run=True, settle_timeout_s=30) == 1, out.getvalue()
+        assert "repair: public.t: would re-sync 5 keys" in out.getvalue(), out.getvalue()
+
+        def merge() -> None:
+            while merging.is_set():
+                assert run(str(landing), str(target), once=True, fmt="iceberg") == 0
+
+        merging.set()
+        consumer = threading.Thread(target=merge)
+        consumer.start()
+        out = io.StringIO()
+        assert repair(config, str(target), out, settle_timeout_s=30, wait_timeout_s=300) == 0, out.getvalue()
+        assert "re-synced 5 keys in 1 tables; the re-synced tables equal the source" in out.getvalue(), out.getvalue()
+        jobs = [j for j in _status(s, http) if j["table"] == "public.t" and j["where"]]
+        assert len(jobs) == 1 and jobs[0]["rows"] == 3, jobs  # re-read: 10, 11 and 1500
+    finally:
+        merging.clear()
+        if consumer is not None:
+            consumer.join(120)
+        s.close()
