@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", metavar="TABLE", help="a captured table, schema.table (MySQL: database.table)")
     p.add_argument("--where", metavar="SQL", help="only the rows of a key range or key list: KEY BETWEEN a AND b, "
                    "KEY >= a AND KEY < b, KEY = a, KEY IN (a, b); the mirror rows of it the source no longer has are "
-                   "removed (Delta, Iceberg); other conditions are refused")
+                   "removed; other conditions are refused")
     tables = command("tables", lambda a: ExitCode.USAGE, "the captured tables of the running daemon")
     tables_sub = tables.add_subparsers(dest="tables_command", metavar="ACTION", required=True)
     _add_config(command("reload", cmd_tables_reload, "make the running daemon re-read source.tables (and "

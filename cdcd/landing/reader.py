@@ -82,9 +82,14 @@ class Covered:
     def gone(self, pos_column: str, literal: Callable[[str], str]) -> str:
         """The condition on the mirror's rows the records remove (Spark SQL)."""
         parts = [f"{pos_column} < {literal(self.below)}"] if self.below is not None else []
-        parts += [f"({pos_column} < {literal(b)} AND {cond})" for b, cond in self.ranges
-                  if self.below is None or b > self.below]  # a whole-table record at or past it removes those
-        return " OR ".join(parts)
+        ranged = self.ranged_gone(pos_column, literal)
+        return " OR ".join([*parts, *([ranged] if ranged else [])])
+
+    def ranged_gone(self, pos_column: str, literal: Callable[[str], str]) -> str | None:
+        """The ranged records' part of ``gone``; None when there is none."""
+        parts = [f"({pos_column} < {literal(b)} AND {cond})" for b, cond in self.ranges
+                 if self.below is None or b > self.below]  # a whole-table record at or past it removes those
+        return " OR ".join(parts) or None
 
 
 def covered_tables(segment: Sequence[tuple[int, Manifest]]) -> dict[tuple[str, str], Covered]:

@@ -39,7 +39,6 @@ from cdcd.landing.columns import (
     META_FIELDS,
 )
 from cdcd.landing.reader import LandedFile
-from cdcd.logging import get_logger
 from cdcd.spark import schemalog
 from cdcd.spark.identity import (
     identity,
@@ -48,6 +47,7 @@ from cdcd.spark.identity import (
     read_by_identity,
     state_columns,
 )
+from cdcd.spark.lakehouse_sql import literal
 from cdcd.spark.rule import (
     KIND,
     MIRROR_META,
@@ -61,7 +61,6 @@ from cdcd.spark.state import TableState, TargetStore
 from cdcd.spark.strategy import Applied, Segment, applying
 
 BUCKET = "cdc_bucket"
-_log = get_logger("cdcd.spark")
 
 
 def threshold(truncate_pos: str | None, below: str | None) -> str | None:
@@ -198,7 +197,8 @@ class Rewrite:
     dirs: list[str]  # the directories of the rewritten buckets that exist (their rows take part)
 
 
-def apply_table(spark: SparkSession, t: TableInput, default_buckets: int, below: str | None = None) -> TableResult:
+def apply_table(spark: SparkSession, t: TableInput, default_buckets: int, below: str | None = None,
+                ranged: str | None = None) -> TableResult:
     """Stage the change-log files and the rewritten mirror buckets of one table.
 
     Two Spark jobs whatever the number of landed batches: the change-log write,
@@ -218,8 +218,8 @@ def apply_table(spark: SparkSession, t: TableInput, default_buckets: int, below:
     log, found = _write_changelog(spark, t, events, types, result)
     result.events = found.events
     found.truncate_pos = threshold(found.truncate_pos, below)  # a completed re-snapshot: the rows below go
-    plan = _plan_rewrite(t, found, state)
-    _write_mirror(spark, t, _mirror_rows(spark, t, log, types, found, plan), plan, result)
+    plan = _plan_rewrite(t, found, state, ranged is not None)
+    _write_mirror(spark, t, _mirror_rows(spark, t, log, types, found, plan, ranged), plan, result)
     return result
 
 
@@ -270,14 +270,14 @@ def _write_changelog(spark: SparkSession, t: TableInput, events: DataFrame, type
     )
 
 
-def _plan_rewrite(t: TableInput, found: Measured, state: TableState) -> Rewrite:
+def _plan_rewrite(t: TableInput, found: Measured, state: TableState, ranged: bool = False) -> Rewrite:
     """Which buckets to rewrite, and how many the table has after the merge (updates ``state.buckets``)."""
     touched = set(found.touched)
     table_dir = t.table_dir
     existing = {int(d.name.split("=", 1)[1]) for d in table_dir.glob(f"{BUCKET}=*")} if table_dir.is_dir() else set()
     # (a column's id, the third item, is no change of the files: a state written before ids were kept has none)
     schema_changed = bool(t.prev.columns) and [c[:2] for c in t.prev.columns] != [c[:2] for c in state.columns]
-    rewrite_all = found.truncate_pos is not None or schema_changed or touched >= existing
+    rewrite_all = found.truncate_pos is not None or ranged or schema_changed or touched >= existing
     if rewrite_all:
         touched |= existing
     # A new table gets buckets for its first rows; a table that outgrew its buckets gets more when
@@ -295,19 +295,24 @@ def _plan_rewrite(t: TableInput, found: Measured, state: TableState) -> Rewrite:
 
 
 def _mirror_rows(spark: SparkSession, t: TableInput, log: DataFrame, types: dict[str, DataType], found: Measured,
-                 plan: Rewrite) -> DataFrame:
-    """The rewritten buckets' rows: the events and the buckets' existing rows, by the ordering rule."""
+                 plan: Rewrite, ranged: str | None = None) -> DataFrame:
+    """The rewritten buckets' rows: the events and the buckets' existing rows, by the ordering rule; without the
+    rows of ``ranged`` (ranged covered records' condition, ``Covered.gone``), as Delta's DELETE after the MERGE."""
     cols, key = t.cols, t.key
     ident = identity(t.files)
     actions = action_rows(older_rows_filled(log, t.files, ident, types), cols, key, types, found.key_changes)
     if found.truncate_pos is not None:
         actions = actions.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
+    if ranged is not None:
+        actions = actions.filter(_kept(ranged))
     merged = actions
     if plan.dirs:
         held = spark.read.option("basePath", str(t.table_dir)).parquet(*plan.dirs)
         old = existing_rows(mirror_rows_by_identity(held, t.prev.columns, ident, types), cols, key, types)
         if found.truncate_pos is not None:
             old = old.filter(F.col(CDC_POS) >= F.lit(found.truncate_pos))
+        if ranged is not None:
+            old = old.filter(_kept(ranged))
         merged = actions.unionByName(old)
     if found.key_changes:
         merged = resolve_moves(merged, key, sorted(found.unavailable & set(cols)))
@@ -345,7 +350,12 @@ def _write_mirror(spark: SparkSession, t: TableInput, out: DataFrame, plan: Rewr
         result.buckets.append((str(new) if new.is_dir() else None, str(t.table_dir / f"{BUCKET}={b}")))
 
 
-def rewrite_parquet(spark: SparkSession, table_dir: Path, prev: TableState, below: str,
+def _kept(gone: str) -> Column:
+    """The rows a covered condition (``Covered.gone``, Spark SQL) does not remove (a NULL key stays)."""
+    return ~F.coalesce(F.expr(gone), F.lit(False))
+
+
+def rewrite_parquet(spark: SparkSession, table_dir: Path, prev: TableState, gone: str,
                     work: Path) -> tuple[TableState, list[tuple[str | None, str]]]:
     """A mirror table without events in the segment but with a covered record: rewrite the buckets that hold rows
     below.
@@ -356,20 +366,19 @@ def rewrite_parquet(spark: SparkSession, table_dir: Path, prev: TableState, belo
     if not any(table_dir.glob(f"{BUCKET}=*/*.parquet")):
         return prev, []
     mirror = spark.read.option("basePath", str(table_dir)).parquet(str(table_dir))
-    below_lit = F.lit(below)
-    gone = {int(r[BUCKET]): int(r["n"]) for r in mirror.filter(F.col(CDC_POS) < below_lit)
-            .groupBy(BUCKET).agg(F.count(F.lit(1)).alias("n")).collect()}
-    if not gone:
+    counted = {int(r[BUCKET]): int(r["n"]) for r in mirror.filter(~_kept(gone))
+               .groupBy(BUCKET).agg(F.count(F.lit(1)).alias("n")).collect()}
+    if not counted:
         return prev, []
-    dirs = [str(table_dir / f"{BUCKET}={b}") for b in sorted(gone)]
+    dirs = [str(table_dir / f"{BUCKET}={b}") for b in sorted(counted)]
     staged = work / f"covered-{uuid.uuid4().hex[:12]}"
-    kept = spark.read.option("basePath", str(table_dir)).parquet(*dirs).filter(F.col(CDC_POS) >= below_lit)
+    kept = spark.read.option("basePath", str(table_dir)).parquet(*dirs).filter(_kept(gone))
     kept.write.partitionBy(BUCKET).parquet(str(staged))
     swaps: list[tuple[str | None, str]] = []
-    for b in sorted(gone):
+    for b in sorted(counted):
         new = staged / f"{BUCKET}={b}"
         swaps.append((str(new) if new.is_dir() else None, str(table_dir / f"{BUCKET}={b}")))
-    rows = None if prev.rows is None else prev.rows - sum(gone.values())
+    rows = None if prev.rows is None else prev.rows - sum(counted.values())
     return replace(prev, rows=rows), swaps
 
 
@@ -422,20 +431,14 @@ class Parquet:
         work = self.store.work_dir / f"{segment.first:020d}"
         out = Applied()
         cover = segment.covered()
-        for (schema, name), ranged in sorted(cover.items()):
-            if ranged.ranges:  # docs/spark.md, "Re-syncs of a key range"
-                _log.warning(f"{schema}.{name}: a --where re-sync covered {len(ranged.ranges)} key range(s); the "
-                             "Parquet "
-                             "format re-applies the rows read again but does not remove the mirror rows of the "
-                             "range that the source no longer has (Delta and Iceberg do): re-sync the whole table "
-                             f"(`cdcd snapshot {schema}.{name}`) to remove them", batch=ranged.seq)
         for n, ((schema, name), files) in enumerate(sorted(segment.tables().items())):
             table = f"{schema}.{name}"
             t = TableInput(table, files, tables.get(table, TableState()), segment.run_id,
                            self.store.table_dir(table), self.store.changelog_dir(table), work / f"t{n}")
             c = cover.pop((schema, name), None)
             with applying(table):
-                r = apply_table(spark, t, self.buckets, c.below if c else None)
+                r = apply_table(spark, t, self.buckets, c.below if c else None,
+                                c.ranged_gone(CDC_POS, literal) if c else None)
             out.tables[table] = r.state
             out.events += r.events
             out.timings[table] = r.timings
@@ -444,9 +447,9 @@ class Parquet:
         out.files += _schema_change_rows(segment, tables, self.store, work)
         for (schema, name), c in sorted(cover.items()):  # covered tables without events in the segment
             table = f"{schema}.{name}"
-            if table in tables and c.below is not None:
+            if table in tables:
                 out.tables[table], swaps = rewrite_parquet(spark, self.store.table_dir(table), tables[table],
-                                                           c.below, work)
+                                                           c.gone(CDC_POS, literal), work)
                 out.buckets += swaps
         return out
 

@@ -23,8 +23,11 @@ pytestmark = pytest.mark.spark
 BELOW = PgPosition(300, 0)  # the re-snapshot's first low watermark
 
 
-def covered(lsn: int, table: TableId) -> Mark:
-    return Mark(MarkKind.SNAPSHOT_COVERED, PgPosition(lsn, 0), {"table": table, "below": BELOW})
+def covered(lsn: int, table: TableId, key_range: dict[str, object] | None = None) -> Mark:
+    detail: dict[str, object] = {"table": table, "below": BELOW}
+    if key_range is not None:
+        detail["range"] = key_range
+    return Mark(MarkKind.SNAPSHOT_COVERED, PgPosition(lsn, 0), detail)
 
 
 async def land(path: Path, batches: dict[int, list[Item]]) -> None:
@@ -104,6 +107,28 @@ async def test_a_resnapshot_removes_the_rows_deleted_behind_cdcds_back(spark: ob
     assert [(r["k"], r["v"]) for r in rows_of(target, "public.log")] == [(1, "new")]
     if fmt == "delta":  # every statement, the covered delete too, is skipped by its recorded batch seq
         assert mirror_commits(target, fmt) == commits
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+async def test_a_key_range_resync_removes_only_the_rows_of_its_range(spark: object, tmp_path: Path, fmt: str) -> None:
+    """`cdcd snapshot --where "id BETWEEN 3 AND 6"` after 4 and 6 were deleted behind cdcd's back: it re-reads 3
+    and 5; its record removes 4 and 6 and keeps 1, 2, 7, 8 (below its bound too, but outside the range). ``log``'s
+    key-list record (``k IN (2)``) arrives in a batch without its events: only k = 2 goes."""
+    landing, target = tmp_path / "landing", tmp_path / "target"
+    await land(landing, {
+        1: [*(ev(Op.READ, 100, 0, after=row(i), snapshot=True) for i in range(1, 9)),
+            *(ev(Op.READ, 100, 0, schema=LOG, after={"k": k, "v": "old"}, snapshot=True) for k in (1, 2, 3))],
+    })
+    apply(landing, target, fmt)
+    await land(landing, {
+        2: [*(ev(Op.READ, 320, 0, after=row(i, amount=Decimal(f"{i}.25")), snapshot=True) for i in (3, 5)),
+            covered(340, T, {"column": "id", "lo": 3, "lo_inclusive": True, "hi": 6, "hi_inclusive": True})],
+        3: [Mark(MarkKind.HEARTBEAT, PgPosition(390, 0)), covered(400, LOG.table, {"column": "k", "values": [2]})],
+    })
+    apply(landing, target, fmt)
+    assert sorted(amounts(target)) == [1, 2, 3, 5, 7, 8]
+    assert amounts(target)[3] == Decimal("3.25")
+    assert sorted(r["k"] for r in rows_of(target, "public.log")) == [1, 3]
 
 
 async def test_a_version_2_zone_still_applies(spark: object, tmp_path: Path) -> None:
