@@ -7,6 +7,7 @@ Imports nothing of Spark: ``cdcd``'s command line builds its parser from it with
 from __future__ import annotations
 
 import argparse
+import os
 
 FORMATS = ("parquet", "delta", "iceberg")
 DEFAULT_BUCKETS = 16
@@ -58,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Spark's checkpoint location (default TARGET/checkpoint)")
     p.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, metavar="N",
                    help=f"hash buckets of a new Parquet mirror table (default {DEFAULT_BUCKETS})")
+    p.add_argument("--delta-readers", choices=("spark", "any"), default=os.environ.get("CDCD_DELTA_READERS", "spark"),
+                   help="Delta mirrors for Spark readers (deletion vectors, column mapping; default) or for any "
+                        "reader (delta-rs, pandas, DuckDB; each merge rewrites the files it changes); env "
+                        "CDCD_DELTA_READERS; docs/spark.md, Readers")
     p.add_argument("--metrics-listen", type=listen_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus /metrics and /healthz there (default: off; docs/metrics.md)")
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",

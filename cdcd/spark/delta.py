@@ -36,6 +36,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdcd.errors import ConfigError
 from cdcd.landing.columns import CDC_POS
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
@@ -58,6 +59,21 @@ _MAPPING = {"delta.columnMapping.mode": "name"}
 #: Type widening (Delta 4.x): ALTER COLUMN TYPE to a wider type keeps the data files (``Delta.widens_in_place``).
 _WIDENING = {"delta.enableTypeWidening": "true"}
 _INTS = ("tinyint", "smallint", "int", "bigint")
+#: ``--delta-readers`` / ``CDCD_DELTA_READERS``: ``spark`` writes mirrors with deletion vectors, column mapping
+#: and type widening (Spark and Delta-kernel readers); ``any`` writes mirrors without them until a drop, a rename
+#: or a column name needs column mapping, so delta-rs, pandas, DuckDB and Trino open them (docs/spark.md, Readers).
+READERS_ENV = "CDCD_DELTA_READERS"
+READERS = ("spark", "any")
+_PORTABLE = {"delta.enableDeletionVectors": "false"}
+
+
+def readers_setting() -> str:
+    """The ``--delta-readers`` setting of this process (``CDCD_DELTA_READERS``, default ``spark``)."""
+    value = os.environ.get(READERS_ENV, "spark")
+    if value not in READERS:
+        raise ConfigError(f"{READERS_ENV}={value!r} is not a Delta readers setting: give one of {', '.join(READERS)} "
+                          "(docs/spark.md, Readers)")
+    return value
 
 
 def plain_names(schema: StructType) -> bool:
@@ -140,6 +156,9 @@ class Delta(Lakehouse):
         super().__init__(target)
         self.versions: dict[Path, int] = {}  # a Delta log's last commit version seen (``files_after``)
         self.plain: dict[tuple[Path, str], bool] = {}  # ``_own_names`` per (table, schema)
+        # ``any``: new mirrors without deletion vectors (each merge rewrites the files it changes), without type
+        # widening (a wider type rewrites the column) and without column mapping until needed.
+        self.portable = readers_setting() == "any"
 
     def ref(self, kind: str, schema: str, table: str) -> str:
         return sql.delta_table(self.location(kind, schema, table).as_uri())
@@ -158,6 +177,8 @@ class Delta(Lakehouse):
         column mapping is switched on: its first columns keep their names as physical names (a new table with
         column mapping would get generated ones), so landed Parquet files can become its data files as they are
         (``cdcd.spark.adopt``)."""
+        if self._portable(properties) and not plain_names(want):
+            properties = {**properties, **_MAPPING}  # names Delta takes only with column mapping
         if self._mapped(properties) and plain_names(want):
             plain = {k: v for k, v in properties.items() if k not in _MAPPING}
             return [sql.create_table(table, want, self.name, plain), sql.set_properties(table, _MAPPING)]
@@ -166,13 +187,14 @@ class Delta(Lakehouse):
     def before_drop(self, table: str, properties: dict[str, str]) -> list[str]:
         """A drop switches column mapping on again first (a no-op when on): a crash between the two statements of
         ``create`` must not leave a mirror that cannot drop a column."""
-        return [sql.set_properties(table, _MAPPING)] if self._mapped(properties) else []
+        needs = self._mapped(properties) or self._portable(properties)
+        return [sql.set_properties(table, _MAPPING)] if needs else []
 
     def widens_in_place(self, old: DataType, new: DataType) -> bool:
         """Delta's type widening: integers to wider integers, to double (up to int) and to decimals with room;
         float to double; a decimal's precision and scale up; a date to timestamp_ntz."""
-        if not lossless(old, new):
-            return False
+        if self.portable or not lossless(old, new):
+            return False  # ``any``: type widening is a reader feature delta-rs does not open
         o, n = old.simpleString(), new.simpleString()
         if o in _INTS:
             return n in _INTS or n == "double" or isinstance(new, DecimalType)
@@ -188,6 +210,11 @@ class Delta(Lakehouse):
         return [sql.set_properties(table, _MAPPING)]
 
     @staticmethod
+    def _portable(properties: dict[str, str]) -> bool:
+        """A mirror of ``--delta-readers any``: it gets column mapping only when it needs it."""
+        return properties.get("delta.enableDeletionVectors") == "false"
+
+    @staticmethod
     def _mapped(properties: dict[str, str]) -> bool:
         return properties.get("delta.columnMapping.mode") == "name"
 
@@ -195,13 +222,15 @@ class Delta(Lakehouse):
         """Also file statistics on the key columns and ``_cdc_pos`` only (``stats_columns``): the MERGE prunes by
         the first key column, and statistics of every other column cost a fifth of a merge's CPU in the tasks
         that write the mirror."""
-        return {**super().mirror_properties(p), "delta.dataSkippingStatsColumns": stats_columns(p)}
+        props = dict(_PORTABLE) if self.portable else super().mirror_properties(p)
+        return {**props, "delta.dataSkippingStatsColumns": stats_columns(p)}
 
     def changelog_properties(self, p: Prepared) -> dict[str, str]:
         """File statistics on the position and the key columns only: the change-log's MERGE prunes on
         ``_cdc_pos``, and statistics of every other column (Delta's default: the first 32) cost time in every
         append and are of little use for a log read by position or key."""
-        return {**super().changelog_properties(p), "delta.dataSkippingStatsColumns": stats_columns(p)}
+        props = {} if self.portable else super().changelog_properties(p)
+        return {**props, "delta.dataSkippingStatsColumns": stats_columns(p)}
 
     # -- the commit record: the idempotent-write transaction, kept in the table's log
 

@@ -488,6 +488,7 @@ def run_args(args: argparse.Namespace) -> int:
     """Run with the arguments of ``cdcd.spark.args`` (``cdcd spark run``, ``python -m cdcd.spark.consumer``)."""
     GUARD.install()  # before the logging is configured: a stop signal from now on ends it with its exit code
     configure(args.log_level, args.log_format)
+    os.environ["CDCD_DELTA_READERS"] = args.delta_readers  # read where the Delta target is made (cdcd.spark.delta)
     return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True,
                metrics_listen=args.metrics_listen, stop_timeout=args.stop_timeout)
 
