@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pymysql
 import pytest
-from daemon_harness import DaemonHarness, rows
+from daemon_harness import rows
+from test_verify_ranges import Setup
 
 from cdcd.config import load_config
 from cdcd.repair import repair
@@ -25,13 +28,30 @@ pytestmark = pytest.mark.spark
 ROWS = 3000
 
 
-class Setup(DaemonHarness):
-    def __init__(self, tmp: Path, sections: dict[str, dict[str, Any]]) -> None:
-        super().__init__(tmp)
-        self.sections = sections
+@contextmanager
+def consumer_merging(landing: Path, target: Path, fmt: str) -> Iterator[None]:
+    """The operator's consumer: `--once` runs one after another in a thread until the block ends (its failure
+    fails the test at the end of the block)."""
+    from cdcd.spark.job import run
 
-    def source_sections(self) -> dict[str, dict[str, Any]]:
-        return self.sections
+    merging, failed = threading.Event(), []
+
+    def merge() -> None:
+        while merging.is_set():
+            code = run(str(landing), str(target), once=True, fmt=fmt)
+            if code != 0:
+                failed.append(code)
+                return
+
+    merging.set()
+    consumer = threading.Thread(target=merge)
+    consumer.start()
+    try:
+        yield
+    finally:
+        merging.clear()
+        consumer.join(120)
+    assert not consumer.is_alive() and not failed, f"the consumer failed: exit {failed}"
 
 
 def test_mariadb_drift_behind_cdcds_back_is_repaired_key_by_key(spark: Any, maria_server: MariaDBServer,
@@ -46,8 +66,6 @@ def test_mariadb_drift_behind_cdcds_back_is_repaired_key_by_key(spark: Any, mari
         "source.mysql": {"server_id": 7911},
     })
     landing, target = tmp_path / "landing", tmp_path / "target"
-    merging = threading.Event()
-    consumer: threading.Thread | None = None
     try:
         with conn.cursor() as cur:
             cur.execute("CREATE TABLE t (id int PRIMARY KEY, v int, s varchar(40))")
@@ -76,15 +94,9 @@ def test_mariadb_drift_behind_cdcds_back_is_repaired_key_by_key(spark: Any, mari
         assert repair(config, str(target), out, dry_run=True, settle_timeout_s=30) == 1, out.getvalue()
         assert f"repair: {maria_db}.t: would re-sync 12 keys" in out.getvalue(), out.getvalue()
 
-        def merge() -> None:  # the operator's consumer, merging what lands until the test is done
-            while merging.is_set():
-                assert run(str(landing), str(target), once=True, fmt="delta") == 0
-
-        merging.set()
-        consumer = threading.Thread(target=merge)
-        consumer.start()
         out = io.StringIO()
-        assert repair(config, str(target), out, settle_timeout_s=30, wait_timeout_s=300) == 0, out.getvalue()
+        with consumer_merging(landing, target, "delta"):
+            assert repair(config, str(target), out, settle_timeout_s=30, wait_timeout_s=300) == 0, out.getvalue()
         text = out.getvalue()
         assert f"repair: {maria_db}.t: re-syncing 12 keys" in text, text
         assert "re-synced 12 keys in 1 tables; the re-synced tables equal the source" in text, text
@@ -95,9 +107,6 @@ def test_mariadb_drift_behind_cdcds_back_is_repaired_key_by_key(spark: Any, mari
         assert repair(config, str(target), out, settle_timeout_s=30) == 0, out.getvalue()
         assert "nothing to re-sync" in out.getvalue()
     finally:
-        merging.clear()
-        if consumer is not None:
-            consumer.join(120)
         s.close()
         conn.close()
 
@@ -127,8 +136,6 @@ def test_postgres_iceberg_mirror_tampered_is_repaired_key_by_key(spark: Any, pg_
         "source.postgres": {"slot": f"s_{pg_db}", "publication": f"p_{pg_db}", "heartbeat_s": 0.5},
     })
     landing, target = tmp_path / "landing", tmp_path / "target"
-    merging = threading.Event()
-    consumer: threading.Thread | None = None
     try:
         s.start("landed", **sections)
         s.wait("the snapshot landed", lambda: len(s.landed_ids()) >= ROWS)
@@ -147,20 +154,11 @@ def test_postgres_iceberg_mirror_tampered_is_repaired_key_by_key(spark: Any, pg_
         assert repair(config, str(target), out, dry_run=True, settle_timeout_s=30) == 1, out.getvalue()
         assert "repair: public.t: would re-sync 5 keys" in out.getvalue(), out.getvalue()
 
-        def merge() -> None:
-            while merging.is_set():
-                assert run(str(landing), str(target), once=True, fmt="iceberg") == 0
-
-        merging.set()
-        consumer = threading.Thread(target=merge)
-        consumer.start()
         out = io.StringIO()
-        assert repair(config, str(target), out, settle_timeout_s=30, wait_timeout_s=300) == 0, out.getvalue()
+        with consumer_merging(landing, target, "iceberg"):
+            assert repair(config, str(target), out, settle_timeout_s=30, wait_timeout_s=300) == 0, out.getvalue()
         assert "re-synced 5 keys in 1 tables; the re-synced tables equal the source" in out.getvalue(), out.getvalue()
         jobs = [j for j in _status(s, http) if j["table"] == "public.t" and j["where"]]
         assert len(jobs) == 1 and jobs[0]["rows"] == 3, jobs  # re-read: 10, 11 and 1500
     finally:
-        merging.clear()
-        if consumer is not None:
-            consumer.join(120)
         s.close()
