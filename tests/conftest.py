@@ -41,13 +41,14 @@ SPREAD = frozenset({
     "test_schema_changes.py",
     "test_spark_lakehouse.py", "test_spark_pipeline.py", "test_spark_key_change.py", "test_snapshot_generations.py",
     "test_position_lost.py", "test_verify_ranges.py",
+    "test_spark_object_target.py",  # its own consumer processes, each test its own bucket
 })
 #: Test files, slowest work unit first (a whole file, or one test of a SPREAD file); xdist hands work out
 #: in collection order (`--no-loadscope-reorder`), other files follow. Estimated from `--durations` and the
 #: Spark and daemon processes each test starts; re-measure with `--durations=40` when tests are added.
 SLOWEST_FIRST = (
     "test_soak.py", "test_spark_key_change.py", "test_spark_pipeline.py", "test_demo.py", "test_spark_cluster.py",
-    "test_spark_kill.py",
+    "test_spark_object_target.py", "test_spark_kill.py",
     "test_spark_stop.py", "test_schema_changes.py", "test_verify_ranges.py", "test_repair.py",
     "test_spark_consumer.py", "test_spark_pruning.py", "test_spark_formats.py", "test_spark_covered.py",
     "test_incremental_snapshot.py", "test_position_lost.py", "test_spark_cds.py", "test_spark_types_large.py",

@@ -97,9 +97,10 @@ class Entry:
 class ObjectStore:
     """The landing zone's calls to one bucket and prefix, each bounded by ``Settings.timeout_s``."""
 
-    def __init__(self, location: Location, settings: Settings | None = None) -> None:
+    def __init__(self, location: Location, settings: Settings | None = None, role: str = "landing zone") -> None:
         s = settings or Settings()
         self.location = location
+        self.role = role  # what the store holds, for the error messages (the Spark consumer's target too)
         self.settings = s
         # boto3 retries once on its own (a dropped keep-alive connection); the landing's backoff does the rest
         config = BotoConfig(connect_timeout=s.timeout_s, read_timeout=s.timeout_s,
@@ -114,24 +115,24 @@ class ObjectStore:
         try:
             return fn()
         except botocore.exceptions.NoCredentialsError as exc:
-            raise SinkFatal(f"landing zone {self.location.url}: no credentials for bucket {self.location.bucket} "
+            raise SinkFatal(f"{self.role} {self.location.url}: no credentials for bucket {self.location.bucket} "
                             f"({what} {where}); set {CREDENTIALS_HINT}") from exc
         except botocore.exceptions.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if code in _REFUSED or status == 403:
                 raise SinkFatal(
-                    f"landing zone {self.location.url}: the store refused the credentials for bucket "
+                    f"{self.role} {self.location.url}: the store refused the credentials for bucket "
                     f"{self.location.bucket} ({what} {where}: {code or status}); check {CREDENTIALS_HINT}, and that "
                     f"they may read, write, list and delete in the bucket") from exc
             if code == "NoSuchBucket":
-                raise SinkFatal(f"landing zone {self.location.url}: bucket {self.location.bucket} does not exist "
+                raise SinkFatal(f"{self.role} {self.location.url}: bucket {self.location.bucket} does not exist "
                                 f"at {self.settings.endpoint or 'AWS'}; create it, or fix landing.path or "
                                 "landing.s3.endpoint") from exc
-            raise SinkError(f"landing zone {self.location.url}: {what} {where} failed: {code or status} "
+            raise SinkError(f"{self.role} {self.location.url}: {what} {where} failed: {code or status} "
                             f"({exc.response.get('Error', {}).get('Message', '')})") from exc
         except botocore.exceptions.BotoCoreError as exc:  # unreachable, cut, timed out
-            raise SinkError(f"landing zone {self.location.url}: {what} {where} failed: {exc}; is the store at "
+            raise SinkError(f"{self.role} {self.location.url}: {what} {where} failed: {exc}; is the store at "
                             f"{self.settings.endpoint or 'AWS'} reachable (landing.s3.endpoint)?") from exc
 
     def put(self, relative: str, data: bytes) -> None:
@@ -198,5 +199,5 @@ class ObjectStore:
             done = self._call("DELETE", names[start], delete)
             if done.get("Errors"):
                 first = done["Errors"][0]
-                raise SinkError(f"landing zone {self.location.url}: deleting {first.get('Key')} failed: "
+                raise SinkError(f"{self.role} {self.location.url}: deleting {first.get('Key')} failed: "
                                 f"{first.get('Code')} {first.get('Message', '')} ({len(done['Errors'])} keys)")

@@ -10,6 +10,9 @@ import argparse
 import os
 
 FORMATS = ("parquet", "delta", "iceberg")
+OBJECT_SCHEMES = ("s3://", "s3a://")
+#: How long a target's lease on object storage lasts unless renewed (``cdcd.spark.lease``; imports no Spark).
+DEFAULT_LEASE_S = 60.0
 DEFAULT_BUCKETS = 16
 #: After SIGTERM/SIGINT the consumer exits within this (``--stop-timeout``; ``cdcd.spark.stopping``).
 DEFAULT_STOP_TIMEOUT_S = 45.0
@@ -29,29 +32,45 @@ def listen_address(value: str) -> tuple[str, int]:
 
 def landing_path(value: str) -> str:
     """The landing zone: a path, or the daemon's ``s3://bucket/prefix`` (``s3a://`` too)."""
-    return value if value.startswith(("s3://", "s3a://")) else local_path(value)
+    return target_path(value)
 
 
-def local_path(value: str) -> str:
-    """A target given as a path: an object-store URL is refused (exit 2) rather than taken for a local directory
-    named ``s3a:``. The consumer's state and its lock need a POSIX file system today (docs/spark.md, Object
-    storage)."""
+def target_path(value: str) -> str:
+    """A target (or landing zone): a path, or ``s3://bucket/prefix`` (``s3a://`` too); another URL scheme is
+    refused (exit 2) rather than taken for a local directory named ``gs:``."""
+    if value.startswith(OBJECT_SCHEMES) and value.split("://", 1)[1].strip("/"):
+        return value
     if "://" in value:
         scheme = value.split("://", 1)[0]
         raise argparse.ArgumentTypeError(
-            f"{value!r} is a {scheme}:// URL: the consumer's target, its state and lock, and cdcd verify's target "
-            "are a POSIX path only (local, or a shared file system mounted at the same path on every Spark node); "
-            "on object storage only the landing zone (s3://) is supported yet (docs/spark.md, Object storage). "
-            "Give the path of a target directory")
+            f"{value!r}: a {scheme}:// URL without a bucket, or a scheme cdcd does not write: a target or a landing "
+            "zone is a path (local, or a shared file system mounted at the same path on every Spark node) or "
+            "s3://bucket/prefix (s3a:// too; docs/spark.md, Object storage)")
     return value
+
+
+#: The former name (``cdcd verify`` and ``cdcd repair`` take their --target with it).
+local_path = target_path
+
+
+def seconds(value: str) -> float:
+    """A number of seconds above 0."""
+    try:
+        s = float(value)
+    except ValueError:
+        s = 0.0
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds above 0")
+    return s
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The consumer's options, added to ``p``."""
     p.add_argument("--landing", required=True, type=landing_path, metavar="PATH",
                    help="the daemon's landing.path (a directory, or s3://bucket/prefix)")
-    p.add_argument("--target", required=True, type=local_path, metavar="PATH",
-                   help="where the change-log and mirror tables go")
+    p.add_argument("--target", required=True, type=target_path, metavar="PATH",
+                   help="where the change-log and mirror tables go (a directory, or s3://bucket/prefix for Delta "
+                        "and Iceberg)")
     p.add_argument("--once", action="store_true", help="apply what is landed now (and what lands meanwhile), exit")
     p.add_argument("--format", default="delta", choices=FORMATS,
                    help="table format of the target (default delta; docs/spark.md)")
@@ -68,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",
                    help="after SIGTERM/SIGINT, the merge in progress may finish within this many seconds; past "
                         "it (or at a second signal) it is abandoned, exit 3 (default 45; docs/spark.md, Stopping)")
+    p.add_argument("--lease-seconds", type=seconds, default=DEFAULT_LEASE_S, metavar="S",
+                   help="a target on object storage: this consumer's lease on it lasts this long unless renewed "
+                        f"(every third of it); a crashed consumer's target is free after it (default "
+                        f"{DEFAULT_LEASE_S:g}; docs/spark.md, Object storage)")
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS,
                    help="cdcd's lines at this level and up; Spark's and py4j's own lines show from ERROR, "
                         "at debug from WARN (and Java traces)")

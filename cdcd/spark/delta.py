@@ -38,6 +38,7 @@ from pyspark.sql.types import (
 
 from cdcd.errors import ConfigError
 from cdcd.landing.columns import CDC_POS
+from cdcd.landing.objstore import is_object_url
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
@@ -45,6 +46,7 @@ from cdcd.spark.adopt import adopt, on_disk, one_version, same_columns
 from cdcd.spark.collapse import Prepared, conformed
 from cdcd.spark.lakehouse import CommitRecord, Lakehouse, Statements, in_key_ranges, register, timed_call
 from cdcd.spark.lakehouse_ddl import mirror_schema
+from cdcd.spark.objtarget import table_uri
 from cdcd.spark.schemalog import CDC_SCHEMA_CHANGE
 from cdcd.spark.strategy import Applied
 from cdcd.spark.widening import lossless
@@ -136,7 +138,7 @@ def _delta_log(spark: SparkSession, location: Path) -> Any:
     """The table's Delta log, brought up to date (a py4j object)."""
     jvm = spark._jvm
     assert jvm is not None
-    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, location.as_uri())
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, table_uri(location))
     return log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
 
 
@@ -159,15 +161,16 @@ class Delta(Lakehouse):
         # ``any``: new mirrors without deletion vectors (each merge rewrites the files it changes), without type
         # widening (a wider type rewrites the column) and without column mapping until needed.
         self.portable = readers_setting() == "any"
+        self.on_disk = not is_object_url(target)  # landed files join tables on a file system only (adopt)
 
     def ref(self, kind: str, schema: str, table: str) -> str:
-        return sql.delta_table(self.location(kind, schema, table).as_uri())
+        return sql.delta_table(table_uri(self.location(kind, schema, table)))
 
     def exists(self, spark: SparkSession, kind: str, schema: str, table: str) -> bool:
         jvm = spark._jvm
         assert jvm is not None
         jsession = spark._jsparkSession
-        path = self.location(kind, schema, table).as_uri()
+        path = table_uri(self.location(kind, schema, table))
         return bool(jvm.io.delta.tables.DeltaTable.isDeltaTable(jsession, path))
 
     # -- DDL
@@ -246,15 +249,15 @@ class Delta(Lakehouse):
         write's own options (Delta prefers them to the session's): a statement running beside it may set the
         session's."""
         (df.write.format("delta").mode("append").option("txnAppId", f"cdcd-{record.step}")
-         .option("txnVersion", str(record.seq)).save(location.as_uri()))
+         .option("txnVersion", str(record.seq)).save(table_uri(location)))
 
     def _logs(self, tables: list[tuple[str, str]]) -> list[Path]:
         return [self.location(kind, s, t) / "_delta_log" for s, t in tables for kind in ("changelog", "tables")]
 
     def files_before(self, tables: list[tuple[str, str]]) -> None:
         """The versions of Delta logs not seen yet: a merge reads only its own commits (the first one of a table in
-        this process lists its log once)."""
-        for log in self._logs(tables):
+        this process lists its log once; not on object storage)."""
+        for log in self._logs(tables) if not is_object_url(self.target) else ():
             if log not in self.versions:
                 found = [int(n[:-5]) for n in (os.listdir(log) if log.is_dir() else ())
                          if n.endswith(".json") and n[:-5].isdigit()]
@@ -262,7 +265,9 @@ class Delta(Lakehouse):
 
     def files_after(self, applied: Applied, tables: list[tuple[str, str]],
                     since: float) -> tuple[int | None, int | None]:
-        """The add and remove actions of the commits made since ``files_before``."""
+        """The add and remove actions of the commits made since ``files_before`` (not known on object storage)."""
+        if is_object_url(self.target):
+            return None, None
         added = rewritten = 0
         for log in self._logs(tables):
             version = self.versions.get(log, -1) + 1
@@ -283,7 +288,7 @@ class Delta(Lakehouse):
         location = self.location("changelog", schema, table)
         # the schema-change rows' column (cdcd.spark.schemalog) is NULL in every event row: files without it do
         events_columns = StructType([f for f in log_schema.fields if f.name != CDC_SCHEMA_CHANGE])
-        if (on_disk(files) and one_version(files) and same_columns(p.events.schema, events_columns)
+        if (on_disk(files) and self.on_disk and one_version(files) and same_columns(p.events.schema, events_columns)
                 and self._own_names(spark, location, log_schema)):
             # the landed files are the change-log's rows as they are: no Spark write (cdcd.spark.adopt)
             return pool.submit(timed_call, took, "changelog", adopt, spark, location, files, "cdcd-changelog", seq)
@@ -295,7 +300,7 @@ class Delta(Lakehouse):
         self.truncate_mirror(spark, plan, seq)
         created = have is None
         location = self.location("tables", schema, table)
-        if (files is not None and on_disk(files) and adoptable_mirror(p, files)
+        if (files is not None and on_disk(files) and self.on_disk and adoptable_mirror(p, files)
                 and (created or self._new_keys_only(spark, schema, table, p, plan, have))):
             # every landed row is a mirror row as it is (one insert or update per key, nothing else)
             adopt(spark, location, files, "cdcd-mirror", seq, key_stats(p))

@@ -1,4 +1,4 @@
-"""The one place that names the Spark, Delta Lake, Iceberg and SQLite JDBC versions.
+"""The one place that names the Spark, Delta Lake, Iceberg, SQLite JDBC and PostgreSQL JDBC versions.
 
 pyproject.toml pins ``pyspark`` to ``SPARK``; ``scripts/bootstrap.sh`` runs
 ``python -m cdcd.spark.jars`` to print the Maven coordinates and copies
@@ -8,36 +8,60 @@ the container image's ``spark`` stage runs ``python -m cdcd.spark.jars --fetch
 sets ``CDCD_SPARK_JARS`` to that directory. A locally started session passes the
 cached files as ``spark.jars`` (no network at run time). Spark 4.1 is the newest line that both Delta Lake
 (``delta-spark_4.1_2.13``) and Iceberg (``iceberg-spark-runtime-4.1_2.13``)
-publish runtimes for.
+publish runtimes for. The 4.0 line (pyspark 4.0.x and the Delta Lake and Iceberg releases built for it) is
+supported too: where the installed pyspark is 4.0.x, the coordinates below are that line's (``LINES``), and
+``scripts/compat.sh`` runs the Spark integration tests on it (docs/spark.md, "Supported Spark lines").
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import sys
 import urllib.request
 from pathlib import Path
 
-SPARK = "4.1.4"
-SPARK_LINE = "4.1"
+SPARK = "4.1.4"  # the version pyproject.toml pins
 SCALA = "2.13"
-DELTA = "4.4.0"
-ICEBERG = "1.12.0"
+#: Per supported Spark line: Delta Lake's jar name and version, Iceberg's version, the Hadoop inside that line's
+#: pyspark (its jars/hadoop-client-api-*.jar: hadoop-aws must be this very version) and the AWS SDK bundle that
+#: Hadoop release was built with (hadoop-project's aws-java-sdk-v2.version). Delta 4.0.x, built for Spark 4.0,
+#: has no Spark line in its jar's name; later Delta releases do.
+LINES = {
+    "4.1": (f"delta-spark_4.1_{SCALA}", "4.4.0", "1.12.0", "3.4.2", "2.29.52"),
+    "4.0": (f"delta-spark_{SCALA}", "4.0.1", "1.11.0", "3.4.1", "2.24.6"),
+}
+
+
+def installed_line() -> str:
+    """The line of the installed pyspark when it is one of ``LINES``, else the pinned one (also without pyspark:
+    the daemon's side needs no Spark). Read from the package's metadata, without importing pyspark."""
+    pinned = SPARK.rsplit(".", 1)[0]
+    try:
+        line = ".".join(importlib.metadata.version("pyspark").split(".")[:2])
+    except importlib.metadata.PackageNotFoundError:
+        return pinned
+    return line if line in LINES else pinned
+
+
+SPARK_LINE = installed_line()
+DELTA_ARTIFACT, DELTA, ICEBERG, HADOOP, AWS_SDK = LINES[SPARK_LINE]
 SQLITE_JDBC = "3.54.1.0"
+POSTGRES_JDBC = "42.7.14"
 
 #: Maven coordinates, group:artifact:version. Delta's jar needs delta-storage next to it.
-DELTA_PACKAGES = (f"io.delta:delta-spark_{SPARK_LINE}_{SCALA}:{DELTA}", f"io.delta:delta-storage:{DELTA}")
+DELTA_PACKAGES = (f"io.delta:{DELTA_ARTIFACT}:{DELTA}", f"io.delta:delta-storage:{DELTA}")
 ICEBERG_PACKAGES = (
     f"org.apache.iceberg:iceberg-spark-runtime-{SPARK_LINE}_{SCALA}:{ICEBERG}",
     f"org.xerial:sqlite-jdbc:{SQLITE_JDBC}",  # the default JDBC catalog's database
 )
 PACKAGES = (*DELTA_PACKAGES, *ICEBERG_PACKAGES)
+#: The driver of an Iceberg JDBC catalog on PostgreSQL, which a target on object storage needs (a SQLite file
+#: cannot be there): on a local session's class path with S3A's jars only (the others' class path, and with it
+#: their class-data sharing archive, stays as it was).
+CATALOG_PACKAGES = (f"org.postgresql:postgresql:{POSTGRES_JDBC}",)
 
-#: The Hadoop inside the pinned pyspark (its jars/hadoop-client-api-*.jar): hadoop-aws must be this very version,
-#: and the AWS SDK bundle the one that hadoop-aws release was built with (hadoop-project's aws-java-sdk-v2.version).
-HADOOP = "3.4.2"
-AWS_SDK = "2.29.52"
 #: S3A (``s3a://`` paths) for Spark: not on a local session's class path unless asked for (the bundle is 640 MB).
 OBJECT_STORE_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP}", f"software.amazon.awssdk:bundle:{AWS_SDK}")
 
@@ -81,12 +105,13 @@ def installed_hadoop() -> str | None:
 def local_settings(only: str | None = None, object_store: bool = False) -> dict[str, str]:
     """Settings of a session cdcd starts itself: the cached jars and both formats' extensions, or only the
     extension of format ``only`` (``delta``, ``iceberg``): each extension costs the session's start-up time.
-    ``object_store``: hadoop-aws and the AWS SDK bundle too (``OBJECT_STORE_PACKAGES``).
+    ``object_store``: hadoop-aws and the AWS SDK bundle too (``OBJECT_STORE_PACKAGES``), and the PostgreSQL
+    JDBC driver (``CATALOG_PACKAGES``).
 
     Empty when the cache is incomplete (``--format parquet`` needs none of it);
     ``--format delta|iceberg`` then says how to get the jars.
     """
-    jars = cached_jars(PACKAGES + OBJECT_STORE_PACKAGES if object_store else PACKAGES)
+    jars = cached_jars(PACKAGES + CATALOG_PACKAGES + OBJECT_STORE_PACKAGES if object_store else PACKAGES)
     if jars is None:
         return {}
     extensions = {"delta": DELTA_EXTENSION, "iceberg": ICEBERG_EXTENSION}
@@ -162,8 +187,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m cdcd.spark.jars [--packages | --object-store-packages | --fetch DIR [--repo URL]]",
               file=sys.stderr)
         return 2
-    else:  # the bootstrap's list: S3A's jars too
-        print("\n".join(PACKAGES + OBJECT_STORE_PACKAGES))
+    else:  # the bootstrap's list: the PostgreSQL driver and S3A's jars too
+        print("\n".join(PACKAGES + CATALOG_PACKAGES + OBJECT_STORE_PACKAGES))
     return 0
 
 

@@ -33,8 +33,6 @@ import sqlite3
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -50,9 +48,12 @@ from cdcd.landing.reader import is_consumed, landed_seqs, mark_consumed, read_ma
 from cdcd.landing.zone import read_zone_id
 from cdcd.logging import configure_logging, get_logger
 from cdcd.spark import args as arguments
-from cdcd.spark.args import DEFAULT_BUCKETS, FORMATS
+from cdcd.spark.args import DEFAULT_BUCKETS, DEFAULT_LEASE_S, FORMATS
+from cdcd.spark.failure import Failure, describe
 from cdcd.spark.formats import lakehouse_format
+from cdcd.spark.lease import hold_target
 from cdcd.spark.metrics import MetricsServer, Progress
+from cdcd.spark.objtarget import PARQUET_REFUSED, open_store, spark_url
 from cdcd.spark.parquet import Parquet
 from cdcd.spark.session import (
     end_local_jvm,
@@ -62,17 +63,15 @@ from cdcd.spark.session import (
     stop_local,
     use_object_store,
 )
-from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore, lock_target
+from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore
 from cdcd.spark.stopping import DEFAULT_STOP_TIMEOUT_S, GUARD, JVM_EXIT_S, STOP_SIGNALS
-from cdcd.spark.strategy import FAILED_TABLE, Segment, TableFormat
+from cdcd.spark.strategy import Segment, TableFormat
 
-__all__ = ["DEFAULT_BUCKETS", "FORMATS", "Consumer", "main", "run"]
+__all__ = ["DEFAULT_BUCKETS", "FORMATS", "Consumer", "Failure", "describe", "main", "run"]
 
 #: Events applied in one merge at most: each merge has a fixed cost of a few Spark jobs, so
 #: all visible batches go into one merge unless that would make it too large for memory.
 MAX_SEGMENT_EVENTS = 2_000_000
-#: The first characters of a failure's message in its error line (Spark's can hold a whole query plan).
-MESSAGE_MAX = 2000
 
 _log = get_logger("cdcd.spark")
 
@@ -86,22 +85,6 @@ def make_strategy(fmt: str, store: TargetStore, buckets: int) -> TableFormat:
     return strategy
 
 
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """A failed merge as its error line tells it."""
-
-    table: str | None
-    batches: str
-    error: str
-    fix: str | None
-    trace: str
-
-    def log(self, fmt: str) -> None:
-        _log.error("merge failed", table=self.table, batches=self.batches, format=fmt, error=self.error,
-                   fix=self.fix)
-        _log.debug("merge failed: trace", table=self.table, batches=self.batches, trace=self.trace)
-
-
 class MergeFailed(CdcdError):
     """A merge failed; its error line is logged already (``Failure``)."""
 
@@ -109,67 +92,6 @@ class MergeFailed(CdcdError):
         super().__init__(f"batches {failure.batches}{f' of {failure.table}' if failure.table else ''}: "
                          f"{failure.error}")
         self.failure = failure
-
-
-def _message_and_trace(exc: BaseException) -> tuple[str, str]:
-    """What went wrong in a line or a few, and the trace (Java's for a JVM error) for the debug line."""
-    trace = "".join(traceback.format_exception(exc))
-    java = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError
-    if java is not None:
-        try:
-            return str(java.toString()), str(exc)
-        except Exception:  # the JVM is gone: what py4j kept
-            return str(exc).split("\n", 1)[0], trace
-    text = str(exc)
-    stack = getattr(exc, "_stackTrace", None)  # PySpark's CapturedException (AnalysisException, ...)
-    if isinstance(stack, str) and stack:
-        text = text.split("\n\nJVM stacktrace:", 1)[0]
-        trace = f"{trace}\nJVM stacktrace:\n{stack}"
-    return text.strip()[:MESSAGE_MAX] or type(exc).__name__, trace
-
-
-def _missing_files(landing: Path, batches: list[tuple[int, Manifest]]) -> list[tuple[int, str, str]]:
-    """(seq, path, table) of every landed file the batches list that is not in the landing zone (not asked of
-    an object store: the failure's own message names the missing object there)."""
-    if is_object_url(landing):
-        return []
-    return [(seq, e.path, f"{e.table.schema}.{e.table.name}")
-            for seq, manifest in batches for e in manifest.files if not (landing / e.path).is_file()]
-
-
-def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
-             batches: list[tuple[int, Manifest]]) -> Failure:
-    """The error line of a failed merge: the table, the batches, the message and the fix where one is known."""
-    GUARD.hold()  # the failure may come from a forced stop ending the JVM: then the stop's exit code stands
-    message, trace = _message_and_trace(exc)
-    table: str | None = getattr(exc, FAILED_TABLE, None)
-    span = f"{batches[0][0]}..{batches[-1][0]}" if batches else "-"
-    fix: str | None = None
-    missing = _missing_files(landing, batches)
-    text = f"{message}\n{trace}"
-    if missing:
-        seq, path, table = missing[0]
-        fix = (f"batch {seq} lists {path}, which is not in the landing zone {landing} (removed by hand, or by a "
-               "retention shorter than this consumer's lag): the batch cannot be applied. Put the file back, or "
-               "rebuild: a new snapshot into a new landing zone and a fresh --target (docs/operations.md, Faults)")
-    elif "DELTA_UNSUPPORTED_ALTER_TABLE_CHANGE_COL_OP" in text and table is not None:
-        schema, name = table.split(".", 1)
-        names = lakehouse_format(fmt, target)
-        tables = " and ".join(names.ref(kind, schema, name) for kind in ("changelog", "tables"))
-        fix = (f"Delta Lake refused a column type change of {tables} that its type widening does not cover: take "
-               "one of the two ways out of docs/spark.md, Schema changes (a new mirror version, or a rewrite approved "
-               "with the mirror's table property cdcd.rewrite.<column>), then start the consumer again")
-    elif "OutOfMemoryError" in text or "Java heap space" in text:
-        fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
-               "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
-    elif "No space left on device" in text:
-        fix = (f"a file system is full: free space where {target}, {landing} (its consumed markers) or Spark's "
-               "temporary directories live (the error names the file), then start the consumer again; what was "
-               "committed is kept")
-    elif "Permission denied" in text:
-        fix = f"the consumer's user may not write or read a file it needs: check the ownership of {target} and " \
-              f"{landing}"
-    return Failure(table, span, message, fix, trace)
 
 
 class Consumer:
@@ -181,7 +103,7 @@ class Consumer:
         self.spark = spark
         self.landing = landing
         self.fmt = fmt
-        self.store = TargetStore(target)
+        self.store = open_store(target)
         self.lock = threading.Lock()
         self.stopping = False
         #: set by a stop signal: the merge in progress finishes, no other starts (the next run applies them)
@@ -296,6 +218,7 @@ def run(
     dedicated: bool = False,
     metrics_listen: tuple[str, int] | None = None,
     stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> int:
     """Run the consumer; the exit code: 0 done or stopped by SIGTERM/SIGINT, 1 failed, 2 unusable arguments,
     3 stopped without finishing the merge in progress (a second signal, or ``stop_timeout`` seconds after the
@@ -318,9 +241,12 @@ def run(
         _log.error(f"--stop-timeout {stop_timeout:g} is not a number of seconds above 0")
         return ExitCode.USAGE
     landing_path, target_path = Path(landing), Path(target)
-    if is_object_url(landing):  # the reader finds the store from the URL; Spark reads the files through S3A
+    if is_object_url(target) and fmt == "parquet":
+        _log.error(PARQUET_REFUSED)
+        return ExitCode.USAGE
+    if is_object_url(landing) or is_object_url(target):  # boto3 finds the store from the URL; Spark uses S3A
         use_object_store()
-    elif not landing_path.is_dir():
+    if not is_object_url(landing) and not landing_path.is_dir():
         _log.error(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return ExitCode.USAGE
     progress = Progress(landing_path, fmt)
@@ -333,24 +259,23 @@ def run(
             _log.error(str(exc))
             return ExitCode.USAGE
     try:
-        if fmt != "parquet":
-            # classpath, session extensions, the target's format
-            problem = lakehouse_format(fmt, target_path).prepare_run(dedicated)
-            if problem:
-                _log.error(problem)
-                return ExitCode.USAGE
-        if stop.is_set():  # before anything started: no session, no JVM, nothing written
-            _log.info("stopped before the session started")
-            return ExitCode.OK
-        try:
-            lock = lock_target(target_path)
-        except TargetLocked as exc:
+        try:  # before the session starts: a consumer refused here costs no JVM
+            release = hold_target(target_path, lease_s)
+        except CdcdError as exc:  # held by another consumer (2), or its store refused or unreachable (1)
             _log.error(str(exc))
-            return ExitCode.USAGE
+            return ExitCode.USAGE if isinstance(exc, TargetLocked) else ExitCode.FAILURE
         try:
+            if fmt != "parquet":  # classpath, session extensions, the target's format
+                problem = lakehouse_format(fmt, target_path).prepare_run(dedicated)
+                if problem:
+                    _log.error(problem)
+                    return ExitCode.USAGE
+            if stop.is_set():  # before anything started: no session, no JVM, nothing written
+                _log.info("stopped before the session started")
+                return ExitCode.OK
             return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop, dedicated)
         finally:
-            os.close(lock)  # releases the target's consumer lock; the local JVM writes no more: it has exited
+            release()  # the target's lock or lease; the local JVM writes no more: it has exited
     finally:
         if progress.phase != "failed":
             progress.phase = "stopped"
@@ -366,7 +291,7 @@ def _end_jvm_now() -> None:
 def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, checkpoint: str | None,
                 buckets: int, progress: Progress, stop: threading.Event, dedicated: bool) -> int:
     spark = session(fmt)
-    if is_object_url(landing_path):
+    if is_object_url(landing_path) or is_object_url(target_path):
         object_store_conf(spark)
     code: int = ExitCode.FAILURE
     try:
@@ -386,7 +311,7 @@ def _apply(spark: SparkSession, landing_path: Path, target_path: Path, once: boo
            checkpoint: str | None, buckets: int, progress: Progress, stop: threading.Event) -> int:
     shown = Location.parse(landing_path).url if is_object_url(landing_path) else str(landing_path)
     _log.info("consumer starting", master=spark.sparkContext.master, landing=shown,
-              target=str(target_path), format=fmt, once=once)
+              target=spark_url(target_path), format=fmt, once=once)
     progress.phase = "catching up"
     try:
         consumer = Consumer(spark, landing_path, target_path, fmt, buckets, progress, stop)
@@ -408,7 +333,7 @@ def _apply(spark: SparkSession, landing_path: Path, target_path: Path, once: boo
             progress.phase = "stopping"
         _done(consumer)
         return ExitCode.OK
-    return _stream(spark, consumer, landing_path, checkpoint or str(target_path / "checkpoint"))
+    return _stream(spark, consumer, landing_path, checkpoint or spark_url(target_path, "checkpoint"))
 
 
 def _failed(progress: Progress, reason: str, code: int) -> int:
@@ -490,7 +415,7 @@ def run_args(args: argparse.Namespace) -> int:
     configure(args.log_level, args.log_format)
     os.environ["CDCD_DELTA_READERS"] = args.delta_readers  # read where the Delta target is made (cdcd.spark.delta)
     return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True,
-               metrics_listen=args.metrics_listen, stop_timeout=args.stop_timeout)
+               metrics_listen=args.metrics_listen, stop_timeout=args.stop_timeout, lease_s=args.lease_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:

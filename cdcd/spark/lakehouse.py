@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdcd.landing.columns import CDC_POS
+from cdcd.landing.objstore import is_object_url
 from cdcd.landing.reader import LandedFile
 from cdcd.spark import evolve, schemalog
 from cdcd.spark import lakehouse_sql as sql
@@ -39,7 +40,8 @@ from cdcd.spark.evolve import CHANGELOG, MIRROR, Target
 from cdcd.spark.held import Held
 from cdcd.spark.identity import Identity, Tag, identity, mirror_renamed, tagged, tagged_ids
 from cdcd.spark.lakehouse_ddl import changelog_schema, mirror_schema
-from cdcd.spark.session import FORMAT_SETTINGS, session
+from cdcd.spark.objtarget import read_state, write_state
+from cdcd.spark.session import FORMAT_SETTINGS, object_store_conf, session, use_object_store
 from cdcd.spark.state import TableState
 from cdcd.spark.strategy import Applied, Segment, applying
 from cdcd.spark.widening import lossless
@@ -301,10 +303,10 @@ class Lakehouse(ABC):
         """None when TARGET can take this format's tables (registers a catalog where the format needs one), else
         why not."""
         fmt, target = self.name, self.target
-        marker = target / "state" / FORMAT_MARKER
-        if marker.exists() and marker.read_text().strip() != fmt:
-            return f"--format {fmt}: {target} holds {marker.read_text().strip()} tables; use a new --target"
-        if not marker.exists() and (target / "state" / "consumer.json").exists():
+        marker = read_state(target, FORMAT_MARKER)
+        if marker is not None and marker.strip() != fmt:
+            return f"--format {fmt}: {target} holds {marker.strip()} tables; use a new --target"
+        if marker is None and not is_object_url(target) and (target / "state" / "consumer.json").exists():
             return f"--format {fmt}: {target} holds a Parquet mirror (--format parquet); use a new --target"
         self.register(spark)
         return None
@@ -315,14 +317,17 @@ class Lakehouse(ABC):
     def prepare_run(self, only: bool = False) -> str | None:
         """Start the session for the format (``only``: for it alone, ``session``); None when the run can go on, else
         the problem (exit 2)."""
+        if is_object_url(self.target):  # S3A's jars in a local session, the store's settings in any
+            use_object_store()
         spark = session(self.name, only)
+        if is_object_url(self.target):
+            object_store_conf(spark)
         return self.check_format(spark) or self.check_target(spark)
 
     def claim(self, state_dir: Path) -> None:
         """Mark the target as this format's (``check_target`` refuses another format on it)."""
-        marker = state_dir / FORMAT_MARKER
-        if not marker.exists():
-            marker.write_text(self.name + "\n")
+        if read_state(self.target, FORMAT_MARKER) is None:
+            write_state(self.target, FORMAT_MARKER, self.name + "\n")
 
     # -- where the tables are
 
@@ -337,8 +342,10 @@ class Lakehouse(ABC):
         return []
 
     def location(self, kind: str, schema: str, table: str) -> Path:
-        """A table's directory: TARGET/tables/<schema>.<table>/, as in Parquet mode."""
-        return self.target.resolve() / kind / f"{schema}.{table}"
+        """A table's directory: TARGET/tables/<schema>.<table>/, as in Parquet mode (a URL's ``Path`` on object
+        storage: ``objtarget.table_uri`` gives Spark its URL)."""
+        root = self.target if is_object_url(self.target) else self.target.resolve()
+        return root / kind / f"{schema}.{table}"
 
     @abstractmethod
     def ref(self, kind: str, schema: str, table: str) -> str:

@@ -13,13 +13,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from cdcd.errors import MirrorUnreadable
+from cdcd.landing.objstore import is_object_url, zone_name
+from cdcd.spark.objtarget import read_state
 from cdcd.verify.source import SourceColumn
 
 
 def target_format(target: Path) -> str:
-    """The target's table format: TARGET/state/format (Delta Lake, Iceberg), else the Parquet mirror."""
-    marker = target / "state" / "format"
-    return marker.read_text().strip() if marker.exists() else "parquet"
+    """The target's table format: TARGET/state/format (Delta Lake, Iceberg), else the Parquet mirror (never on
+    object storage, where the consumer writes Delta Lake or Iceberg only)."""
+    marker = read_state(target, "format")
+    if marker is None and is_object_url(target):
+        raise MirrorUnreadable(f"{zone_name(target)} holds no target of cdcd spark run (no state/format object): "
+                               "give the consumer's --target")
+    return marker.strip() if marker is not None else "parquet"
 
 
 def read_table(target: Path, table: str, kind: str = "tables") -> pa.Table | None:

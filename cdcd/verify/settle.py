@@ -15,7 +15,6 @@ as unsettled, not as drift. Every wait is bounded by ``--settle-timeout``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from cdcd.checkpoint.store import CheckpointStore
 from cdcd.config import Config
 from cdcd.landing.reader import landed_seqs, read_manifest
 from cdcd.positions import MySqlPosition, PgPosition, Position
+from cdcd.spark.objtarget import applied_seq
 from cdcd.verify.compare import TableDiff, compare
 from cdcd.verify.mirror import arrow_rows, lakehouse_frame
 from cdcd.verify.mirror_sums import bucket_rows
@@ -79,8 +79,7 @@ class Settle:
         return None if ckpt is None or ckpt.position is None else (ckpt.position, ckpt.batch_seq)
 
     def _applied_seq(self) -> int:
-        path = self.target / "state" / "consumer.json"
-        return int(json.loads(path.read_text())["applied_seq"]) if path.exists() else 0
+        return applied_seq(self.target)  # the consumer's record, on a file system or on object storage
 
     def _applied_through(self, seq: int) -> bool:
         """Whether the consumer applied every landed batch up to ``seq`` that holds something to apply (it does

@@ -1,0 +1,239 @@
+"""The consumer's tables, state and lease on object storage: PostgreSQL -> `cdcd run` -> s3:// landing zone on the
+S3 server -> `cdcd spark run --target s3a://...` (a real process, its own local session with S3A) -> `cdcd verify
+--target s3a://...`.
+
+Delta Lake: a second consumer on the target is refused while the first holds the lease and runs; a consumer
+SIGKILLed between the tables' commits of a merge and its commit record leaves the target held until its lease
+expires, then a rerun applies each batch exactly once (the mirror equals the source, the change-log holds each
+event once)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.s3 import client, keys
+from support.waits import wait_for
+
+from cdcd.landing import reader
+from cdcd.landing.objstore import Settings
+from devtools.servers import PostgresServer, S3Server, free_port
+
+pytestmark = [pytest.mark.spark]
+CDCD = str(Path(sys.executable).with_name("cdcd"))
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server) -> Iterator[dict[str, str]]:
+    """The environment of the consumer and verify: the store's endpoint and keys, as boto3 and S3A read them."""
+    yield {**os.environ, "AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_REGION": s3_server.region,
+           "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+
+
+def daemon_config(tmp_path: Path, pg: PostgresServer, db: str, landing: str, s3: S3Server) -> Path:
+    cfg = tmp_path / "cdcd.toml"
+    secret = tmp_path / "s3-secret"
+    secret.write_text(s3.secret_key + "\n")
+    cfg.write_text(f"""[source]
+kind = "postgres"
+port = {pg.port}
+user = "postgres"
+database = "{db}"
+tables = ["public.orders", "public.items"]
+[source.postgres]
+slot = "s_{db}"
+publication = "p_{db}"
+[state]
+path = "{tmp_path / 'state'}"
+[landing]
+path = "{landing}"
+max_batch_events = 500
+max_batch_delay_ms = 50
+[landing.s3]
+endpoint = "{s3.endpoint}"
+region = "{s3.region}"
+access_key_id = "{s3.access_key}"
+secret_access_key_file = "{secret}"
+[http]
+listen = "127.0.0.1:{free_port()}"
+[log]
+format = "json"
+""")
+    return cfg
+
+
+def landed_ids(landing: str) -> set[int]:
+    return {r["id"] for b in reader.read_batches(landing) for t in b.tables.values() if "id" in t.column_names
+            for r in t.select(["id"]).to_pylist()}
+
+
+def workload(pg: PostgresServer, db: str, base: int) -> None:
+    pg.psql(f"""INSERT INTO orders SELECT g, g * 1.5, 'n' || g FROM generate_series({base}, {base + 1999}) g;
+                UPDATE orders SET amount = amount + 1 WHERE id % 7 = 0;
+                UPDATE orders SET id = id + 500000 WHERE id BETWEEN {base} AND {base + 9};
+                DELETE FROM orders WHERE id BETWEEN {base + 100} AND {base + 149};
+                INSERT INTO items SELECT g, 'i' || g FROM generate_series({base}, {base + 499}) g;
+                UPDATE items SET v = 'changed' WHERE k % 5 = 0;""", db)
+
+
+def land(pg: PostgresServer, db: str, cfg: Path, landing: str, runs: int) -> None:
+    """A snapshot, then the workload streamed by ``runs`` daemon runs (each ends with a sentinel row landed and a
+    SIGKILL, so the next run lands unacknowledged batches again: one landing run, one merge, per daemon run)."""
+    pg.psql("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(12,2), note text);"
+            "CREATE TABLE items (k int PRIMARY KEY, v text);"
+            "INSERT INTO orders SELECT g, g, 'snap' FROM generate_series(1, 1000) g;", db)
+    for run in range(1, runs + 1):
+        log = cfg.parent / f"daemon-{run}.log"
+        with open(log, "wb") as out:
+            daemon = subprocess.Popen([CDCD, "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT)
+        try:
+            workload(pg, db, run * 10000)
+            pg.psql(f"INSERT INTO orders VALUES ({900000 + run}, 0, 'sentinel')", db)
+            wait_for(f"sentinel {run} landed", lambda r=run: 900000 + r in landed_ids(landing), 180, procs=daemon,
+                     log=log)
+        finally:
+            daemon.kill()
+            daemon.wait(timeout=60)
+
+
+def consumer(tmp_path: Path, env: dict[str, str], landing: str, target: str, fmt: str, *args: str,
+             name: str = "consumer") -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp_path / f"{name}-{time.monotonic_ns()}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([CDCD, "spark", "run", "--landing", landing, "--target", target, "--format", fmt,
+                                 "--log-format", "json", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
+    return proc, log
+
+
+def finished(proc: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> tuple[int, str]:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return proc.returncode, log.read_text(errors="replace")
+
+
+def verify(cfg: Path, target: str, env: dict[str, str]) -> None:
+    done = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", target], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+def setup(s3: S3Server, bucket: str, pg: PostgresServer, db: str, tmp_path: Path, runs: int) -> tuple[str, Path]:
+    landing = f"s3://{bucket}/landing"
+    reader.use_store(landing, Settings(endpoint=s3.endpoint, region=s3.region, access_key_id=s3.access_key,
+                                       secret_access_key=s3.secret_key))
+    cfg = daemon_config(tmp_path, pg, db, landing, s3)
+    land(pg, db, cfg, landing, runs)
+    return landing, cfg
+
+
+def test_delta_target_on_object_storage_one_consumer_at_a_time(
+        s3_server: S3Server, s3_bucket: str, pg_server: PostgresServer, pg_db: str, s3_env: dict[str, str],
+        tmp_path: Path) -> None:
+    landing, cfg = setup(s3_server, s3_bucket, pg_server, pg_db, tmp_path, runs=1)
+    target = f"s3a://{s3_bucket}/target"
+    first, first_log = consumer(tmp_path, s3_env, landing, target, "delta", "--lease-seconds", "5")
+    try:
+        last = max(reader.landed_seqs(landing))
+        wait_for("the first consumer to apply every batch", lambda: reader.consumed_seqs(landing)
+                 == reader.landed_seqs(landing), 400, procs=first, log=first_log)
+        # a second consumer is refused while the first runs (and renews its lease), before it starts a JVM
+        second, second_log = consumer(tmp_path, s3_env, landing, target, "delta", "--once", name="second")
+        code, out = finished(second, second_log, 120)
+        assert code == 2 and "is in use by another cdcd spark consumer" in out, out[-3000:]
+        first.send_signal(signal.SIGTERM)
+        code, out = finished(first, first_log, 120)
+        assert code == 0, out[-3000:]
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert s3_server.secret_key not in out
+    stored = keys(s3_server, s3_bucket, "target/")
+    assert f"target/state/commits/{last:020d}.json" in stored  # the commit record, on the store
+    assert any(k.startswith("target/tables/public.orders/_delta_log/") for k in stored)
+    assert any(k.startswith("target/changelog/public.items/_delta_log/") for k in stored)
+    # released at the stop: the next consumer needs no wait for an expiry (nothing left to apply)
+    again, again_log = consumer(tmp_path, s3_env, landing, target, "delta", "--once", name="again")
+    code, out = finished(again, again_log)
+    assert code == 0, out[-3000:]
+    verify(cfg, target, s3_env)
+
+
+def delta_commits(s3: S3Server, bucket: str, prefix: str) -> list[str]:
+    c = client(s3)
+    return [c.get_object(Bucket=bucket, Key=k)["Body"].read().decode()
+            for k in keys(s3, bucket, prefix) if k.endswith(".json")]
+
+
+def recorded(s3: S3Server, bucket: str, kind: str, table: str, seq: int) -> bool:
+    """Whether the table's Delta log records a commit of batch ``seq`` (its idempotent-write transaction)."""
+    return any(f'"version":{seq},' in c for c in delta_commits(s3, bucket, f"target/{kind}/{table}/_delta_log/"))
+
+
+def test_consumer_killed_between_table_commits_and_its_record_applies_each_batch_once(
+        s3_server: S3Server, s3_bucket: str, pg_server: PostgresServer, pg_db: str, s3_env: dict[str, str],
+        tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    landing, cfg = setup(s3_server, s3_bucket, pg_server, pg_db, tmp_path, runs=2)
+    target = f"s3://{s3_bucket}/target"
+    by_run: dict[str, list[Any]] = {}
+    for b in reader.read_batches(landing):
+        by_run.setdefault(b.manifest.run_id, []).append(b)
+    assert len(by_run) >= 2, by_run.keys()
+    second = list(by_run.values())[-1]
+    last = {f"{t.schema}.{t.name}": b.seq for b in second for t in b.tables}  # each table's seq in its commits
+    first_end = list(by_run.values())[-2][-1].seq
+
+    def mid_merge() -> bool:
+        if f"target/state/commits/{first_end:020d}.json" not in keys(s3_server, s3_bucket, "target/state/"):
+            return False
+        done = [recorded(s3_server, s3_bucket, kind, table, seq) for table, seq in last.items()
+                for kind in ("changelog", "tables")]
+        return any(done) and not all(done)
+
+    # --delta-readers any: tables delta-rs reads, to count the change-log's rows outside Spark
+    killed, killed_log = consumer(tmp_path, s3_env, landing, target, "delta", "--once", "--lease-seconds", "4",
+                                  "--delta-readers", "any", name="killed")
+    try:
+        wait_for("the second merge's first table commits", mid_merge, 400, procs=killed, log=killed_log, step=0.2)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=60)
+    finally:
+        killed.kill()
+        killed.wait(timeout=30)
+    stored = keys(s3_server, s3_bucket, "target/state/")
+    assert f"target/state/commits/{max(last.values()):020d}.json" not in stored  # killed before its record
+
+    # the killed consumer's lease holds the target until it expires; then a rerun takes it over
+    def rerun() -> tuple[int, str] | None:
+        proc, log = consumer(tmp_path, s3_env, landing, target, "delta", "--once", "--delta-readers", "any",
+                             name="rerun")
+        code, out = finished(proc, log)
+        if code == 2 and "is in use by another cdcd spark consumer" in out:
+            return None
+        return code, out
+
+    code, out = wait_for("the rerun after the lease's expiry", rerun, 900, step=0.5)
+    assert code == 0, out[-3000:]
+    assert "took over the target's expired lease" in out
+
+    verify(cfg, target, s3_env)
+    options = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_REGION": s3_server.region,
+               "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+               "AWS_ALLOW_HTTP": "true"}
+    for table, key in (("public.orders", "id"), ("public.items", "k")):
+        log = DeltaTable(f"s3://{s3_bucket}/target/changelog/{table}", storage_options=options).to_pyarrow_table()
+        events = [(r["_cdc_pos"], r[key], r["_cdc_op"]) for r in log.select(["_cdc_pos", key, "_cdc_op"]).to_pylist()]
+        assert events and len(events) == len(set(events)), f"{table}: events applied twice in the change-log"
+

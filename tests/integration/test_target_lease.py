@@ -1,0 +1,123 @@
+"""The consumer's lease on a target on object storage (cdcd.spark.lease) and its commit record
+(cdcd.spark.objtarget), against the real S3 server: one holder at a time, renewed while held, free after a
+release at once and after an expiry, a holder that lost it refused at its next commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.s3 import keys
+from support.waits import wait_for
+
+from cdcd.spark.lease import Lease, LeaseLost, check_held
+from cdcd.spark.objtarget import ObjectTargetStore, read_state
+from cdcd.spark.state import ConsumerState, TableState, TargetLocked
+from devtools.servers import S3Server
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The store in the environment, where boto3 (and so the consumer) finds it."""
+    env = {"AWS_ENDPOINT_URL": s3_server.endpoint, "AWS_REGION": s3_server.region,
+           "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    yield env
+
+
+def test_one_holder_renewal_release_expiry_and_a_lost_lease(s3_env: dict[str, str], s3_server: S3Server,
+                                                            s3_bucket: str) -> None:
+    target = f"s3a://{s3_bucket}/target"
+    first = Lease(target, seconds=1.5)
+    first.acquire()
+    with pytest.raises(TargetLocked, match=rf"in use by another cdcd spark consumer \(pid {os.getpid()} on "):
+        Lease(target, seconds=1.5).acquire()
+    # renewed while held: well past its first expiry it still holds, and a second consumer is still refused
+    wait_for("two renewals", lambda: first.generation >= 2, 20)
+    check_held(f"s3://{s3_bucket}/target")
+    with pytest.raises(TargetLocked, match="in use"):
+        Lease(target, seconds=1.5).acquire()
+    first.release()  # free at once
+    second = Lease(target, seconds=1.5)
+    second.acquire()
+    with pytest.raises(LeaseLost, match="expired"):  # the first one may not commit any more
+        first.check()
+    with pytest.raises(LeaseLost, match="holds no lease"):
+        check_held("s3://other-bucket/target")
+
+    # a holder that stops renewing (a paused process; a killed one is the e2e test's): free after its expiry
+    second._stop.set()
+    assert second._thread is not None
+    second._thread.join(timeout=10)
+    third = Lease(target, seconds=1.5)
+    wait_for("the lease to expire", lambda: _acquired(third), 20)
+    with pytest.raises(LeaseLost, match="another consumer took the lease"):
+        second.renew()
+    with pytest.raises(LeaseLost):
+        second.check()
+    third.release()
+    # the generations are pruned: a handful of objects, not one per renewal
+    assert len(keys(s3_server, s3_bucket, "target/state/lease/")) <= 5
+
+
+def _acquired(lease: Lease) -> bool:
+    try:
+        lease.acquire()
+    except TargetLocked:
+        return False
+    return True
+
+
+def test_a_killed_holder_keeps_the_target_until_its_lease_expires(s3_env: dict[str, str], s3_bucket: str,
+                                                                  tmp_path: Path) -> None:
+    target = f"s3://{s3_bucket}/t"
+    code = (f"from cdcd.spark.lease import Lease; Lease({target!r}, seconds=2).acquire(); print('held', flush=True); "
+            "import time; time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(TargetLocked, match=f"pid {holder.pid} on"):
+            Lease(target, seconds=2).acquire()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    taker = Lease(target, seconds=2)
+    wait_for("the killed holder's lease to expire", lambda: _acquired(taker), 30)
+    taker.release()
+
+
+def test_commit_records_on_the_store(s3_env: dict[str, str], s3_server: S3Server, s3_bucket: str) -> None:
+    target = Path(f"s3a://{s3_bucket}/tgt")  # as the job holds it: a Path of the URL
+    store = ObjectTargetStore(target)
+    assert store.load() == ConsumerState()
+    state = ConsumerState(7, {"public.t": TableState("p7", "run1")})
+    journal = {"state": state.to_json(), "files": [], "buckets": []}
+    with pytest.raises(LeaseLost, match="holds no lease"):  # no commit without the lease
+        store.commit(journal)
+    lease = Lease(target, seconds=30)
+    lease.acquire()
+    try:
+        for seq in range(7, 20):
+            store.commit({**journal, "state": ConsumerState(seq, state.tables).to_json()})
+        assert ObjectTargetStore(target).load().applied_seq == 19
+        store.save(ConsumerState(19, state.tables))  # the same record again (a retried PUT): no error
+        with pytest.raises(LeaseLost, match="written by another consumer"):
+            store.save(ConsumerState(19, {}))
+        with pytest.raises(Exception, match="--format parquet cannot write to object storage"):
+            store.commit({**journal, "buckets": [["a", "b"]]})
+        records = keys(s3_server, s3_bucket, "tgt/state/commits/")
+        assert len(records) == 10 and records[-1].endswith(f"{19:020d}.json")  # older ones pruned
+        store.bind_zone("zone-1", Path("/landing"))
+        assert store.bound_zone() == "zone-1"
+        assert json.loads(read_state(target, "zone.json") or "{}")["zone_id"] == "zone-1"
+    finally:
+        lease.release()
