@@ -18,6 +18,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql.types import ByteType, DataType, DecimalType, ShortType
 
+from cdcd.landing.objstore import is_object_url
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.lakehouse import CommitRecord, Lakehouse
@@ -59,6 +60,13 @@ class Iceberg(Lakehouse):
         prefix = f"spark.sql.catalog.{ICEBERG_CATALOG}"
         kind = (spark.conf.get(f"{prefix}.type", None) or "").lower()
         impl = spark.conf.get(f"{prefix}.catalog-impl", None) or ""
+        ours = bool(_REGISTERED) and all(spark.conf.get(k, None) == v for k, v in _REGISTERED.items())
+        if is_object_url(self.target) and (spark.conf.get(prefix, None) is None or ours):
+            return (f"--format iceberg: the target {self.target} is on object storage, where the job's own catalog "
+                    f"(a SQLite file under the target, for one host) cannot be: give the catalog {ICEBERG_CATALOG} "
+                    f"with --conf or spark-defaults.conf, a JDBC catalog on PostgreSQL ({prefix}.type=jdbc, "
+                    f"{prefix}.uri=jdbc:postgresql://...) or a REST catalog ({prefix}.type=rest), its warehouse "
+                    f"on the store ({prefix}.warehouse=s3a://...; docs/spark.md, Iceberg catalogs)")
         if spark.conf.get(prefix, None) is not None and (kind == "hadoop" or impl.endswith(".HadoopCatalog")):
             given = f"{prefix}.type=hadoop" if kind == "hadoop" else f"{prefix}.catalog-impl={impl}"
             return (f"--format iceberg: the catalog {ICEBERG_CATALOG} is Iceberg's Hadoop catalog ({given}), whose "

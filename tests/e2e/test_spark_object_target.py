@@ -5,7 +5,7 @@ S3 server -> `cdcd spark run --target s3a://...` (a real process, its own local 
 Delta Lake: a second consumer on the target is refused while the first holds the lease and runs; a consumer
 SIGKILLed between the tables' commits of a merge and its commit record leaves the target held until its lease
 expires, then a rerun applies each batch exactly once (the mirror equals the source, the change-log holds each
-event once)."""
+event once). Iceberg: the JDBC catalog on PostgreSQL, given as an operator would (spark-defaults.conf)."""
 
 from __future__ import annotations
 
@@ -237,3 +237,33 @@ def test_consumer_killed_between_table_commits_and_its_record_applies_each_batch
         events = [(r["_cdc_pos"], r[key], r["_cdc_op"]) for r in log.select(["_cdc_pos", key, "_cdc_op"]).to_pylist()]
         assert events and len(events) == len(set(events)), f"{table}: events applied twice in the change-log"
 
+
+def test_iceberg_target_on_object_storage_with_a_jdbc_catalog_on_postgresql(
+        s3_server: S3Server, s3_bucket: str, pg_server: PostgresServer, pg_db: str, s3_env: dict[str, str],
+        tmp_path: Path) -> None:
+    landing, cfg = setup(s3_server, s3_bucket, pg_server, pg_db, tmp_path, runs=1)
+    target = f"s3a://{s3_bucket}/target"
+    # without a catalog: refused, naming the ones that work (the default SQLite file cannot be on the store)
+    refused, refused_log = consumer(tmp_path, s3_env, landing, target, "iceberg", "--once", name="refused")
+    code, out = finished(refused, refused_log)
+    assert code == 2 and "JDBC catalog on PostgreSQL" in out, out[-3000:]
+    # the catalog as an operator gives it: spark-defaults.conf (or --conf), its database on the test's PostgreSQL
+    catalog_db = f"{pg_db}_catalog"
+    pg_server.psql(f"CREATE DATABASE {catalog_db}")
+    conf = tmp_path / "spark-conf"
+    conf.mkdir()
+    prefix = "spark.sql.catalog.cdcd"
+    (conf / "spark-defaults.conf").write_text(
+        f"{prefix} org.apache.iceberg.spark.SparkCatalog\n{prefix}.type jdbc\n"
+        f"{prefix}.uri jdbc:postgresql://127.0.0.1:{pg_server.port}/{catalog_db}\n{prefix}.jdbc.user postgres\n"
+        f"{prefix}.jdbc.schema-version V1\n{prefix}.warehouse {target}\n")
+    env = {**s3_env, "SPARK_CONF_DIR": str(conf)}
+    run, run_log = consumer(tmp_path, env, landing, target, "iceberg", "--once")
+    code, out = finished(run, run_log)
+    assert code == 0, out[-3000:]
+    namespaces = pg_server.psql("SELECT DISTINCT table_namespace FROM iceberg_tables ORDER BY 1", catalog_db)
+    assert "changelog.public" in namespaces and "tables.public" in namespaces, namespaces
+    stored = keys(s3_server, s3_bucket, "target/")
+    assert any("/metadata/" in k for k in stored) and any(k.endswith(".parquet") for k in stored), stored[:20]
+    assert f"target/state/commits/{max(reader.landed_seqs(landing)):020d}.json" in stored
+    verify(cfg, target, env)
