@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from support.landed import landed_ids
+from support.spark import consume_once, verify_equal
 from support.waits import WAIT_S, tail, wait_for
 
 from cdcd.checkpoint.store import Checkpoint
@@ -120,14 +121,14 @@ class DaemonHarness(abc.ABC):
 
     def spark_and_verify(self, cfg: Path | None = None, fmt: str = "parquet") -> None:
         """Run the Spark consumer once (Parquet, or ``fmt``) over the landing zone, then `cdcd verify` against the
-        source that ``cfg`` names (default: a fresh config of this harness, i.e. the server the data lives on now)."""
+        source that ``cfg`` names (default: a fresh config of this harness, i.e. the server the data lives on now).
+        Both in the worker's shared Spark session: the test asks for the ``spark`` fixture."""
+        from pyspark.sql import SparkSession
+
+        assert SparkSession.getActiveSession() is not None, "a test that calls spark_and_verify asks for `spark`"
         target = self.tmp / "target"
-        spark = subprocess.run([CDCD, "spark", "run", "--landing", str(self.landing), "--target", str(target),
-                                "--once", "--format", fmt], capture_output=True, text=True)
-        assert spark.returncode == 0, spark.stderr[-3000:]
-        verify = subprocess.run([CDCD, "verify", "-c", str(cfg or self.config("landed")), "--target", str(target)],
-                                capture_output=True, text=True)
-        assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+        consume_once(self.landing, target, fmt)
+        verify_equal(cfg or self.config("landed"), target)
 
     def close(self) -> None:
         for p in self.procs:

@@ -235,7 +235,7 @@ def _checkpoint_outage(s: Disk, proc: subprocess.Popen[bytes], hold: Callable[[]
     assert proc.poll() is None
 
 
-def test_postgres_checkpoint_disk_full_recovers_then_spark_and_verify_agree(pg: PgDisk) -> None:
+def test_postgres_checkpoint_disk_full_recovers_then_spark_and_verify_agree(spark: object, pg: PgDisk) -> None:
     s = pg
     with tmpfs(s.state, "1m"):
         proc = _start_with_rows(s, pg_series)
@@ -253,7 +253,7 @@ def test_postgres_checkpoint_disk_full_recovers_then_spark_and_verify_agree(pg: 
         s.spark_and_verify()
 
 
-def test_mariadb_checkpoint_disk_full_recovers(maria: MariaDisk) -> None:
+def test_mariadb_checkpoint_disk_full_recovers(spark: object, maria: MariaDisk) -> None:
     s = maria
     with tmpfs(s.state, "1m"):
         proc = _start_with_rows(s, maria_series)

@@ -347,25 +347,26 @@ def _reset_and_refuse(s: Setup) -> None:
     assert s.proxy.reset() >= 1
 
 
-def test_pg_reset_and_refused_mid_snapshot_recovers(pg: PgSetup) -> None:
+def test_pg_reset_and_refused_mid_snapshot_recovers(spark: object, pg: PgSetup) -> None:
     _mid_snapshot(pg, lambda: _reset_and_refuse(pg))
     assert "source error, reconnecting" in pg.log.read_text()
     pg.spark_and_verify()
 
 
-def test_mariadb_reset_and_refused_mid_snapshot_recovers(maria: MariaSetup) -> None:
+def test_mariadb_reset_and_refused_mid_snapshot_recovers(spark: object, maria: MariaSetup) -> None:
     _mid_snapshot(maria, lambda: _reset_and_refuse(maria))
     assert "source error, reconnecting" in maria.log.read_text()
     maria.spark_and_verify()
 
 
-def test_mariadb_server_restart_mid_snapshot_recovers(own_maria: MariaSetup) -> None:
+def test_mariadb_server_restart_mid_snapshot_recovers(spark: object, own_maria: MariaSetup) -> None:
     _mid_snapshot(own_maria, lambda: restart(own_maria.server))
     own_maria.spark_and_verify()
 
 
 @pytest.mark.parametrize("source", ["pg", "maria"])
-def test_blackhole_mid_snapshot_ends_in_the_read_timeout(source: str, request: pytest.FixtureRequest) -> None:
+def test_blackhole_mid_snapshot_ends_in_the_read_timeout(spark: object, source: str,
+                                                         request: pytest.FixtureRequest) -> None:
     s: Setup = request.getfixturevalue(source)
     _mid_snapshot(s, s.proxy.blackhole, runtime={"source_read_timeout_s": 5})
     assert "read timeout" in s.log.read_text() or "runtime.source_read_timeout_s" in s.log.read_text()

@@ -148,7 +148,7 @@ def writes(s: Setup, stop: threading.Event, counts: dict[str, int]) -> None:
                 s.sql("ROLLBACK")
 
 
-def test_table_added_on_restart_snapshotted_while_streaming_survives_sigkill(setup: Setup) -> None:
+def test_table_added_on_restart_snapshotted_while_streaming_survives_sigkill(spark: object, setup: Setup) -> None:
     s = setup
     fill = f"SELECT g, g, 'p' FROM generate_series(1, {ROWS}) g" if s.kind == "postgres" else \
         f"SELECT seq, seq, 'p' FROM seq_1_to_{ROWS}"
@@ -209,7 +209,7 @@ def finished(s: Setup, table: str, where: str | None) -> bool:
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_operator_resnapshot_where_and_reloads_under_writes_end_equal(setup: Setup) -> None:
+def test_operator_resnapshot_where_and_reloads_under_writes_end_equal(spark: object, setup: Setup) -> None:
     """`cdcd snapshot` after rows were deleted behind cdcd's back, `cdcd snapshot --where` on a key range after
     more were deleted and changed in it, and tables added with `cdcd tables reload` and SIGHUP, all while a
     workload writes: Spark + `cdcd verify` find the mirror equal."""

@@ -144,7 +144,7 @@ def fail_over(primary: MariaDBServer, replica: MariaDBServer, proxy: SwitchProxy
 
 
 def test_gtid_failover_to_a_replica_lands_everything_written_on_it(
-        tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
+        spark: object, tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer], proxy_to: SwitchProxy) -> None:
     primary, replica = pair
     s = Setup(tmp_path, proxy_to.port)
     try:

@@ -95,7 +95,7 @@ def pair() -> Iterator[tuple[PostgresServer, PostgresServer]]:
 
 
 def test_promotion_with_and_without_a_failover_slot(
-        tmp_path: Path, pair: tuple[PostgresServer, PostgresServer]) -> None:
+        spark: object, tmp_path: Path, pair: tuple[PostgresServer, PostgresServer]) -> None:
     primary, standby = pair
     proxy = SwitchProxy(primary.port)
     kept = Setup(tmp_path / "failover", proxy.port, "cdcd_failover", True)

@@ -1,7 +1,8 @@
-"""The Spark consumer as a real process, SIGKILLed while it applies a micro-batch, then rerun:
-the mirror equals the source (`cdcd verify`), holds each key once and the change-log holds each
-event once. The landing zone comes from two daemon runs (the first SIGKILLed, so batches are
-re-delivered), which makes two merges: the kill lands in the second one, after the first committed."""
+"""The Spark consumer as a real process, SIGKILLed while it applies a micro-batch, then rerun (in the worker's
+Spark session: the killed process is the one under test): the mirror equals the source (`cdcd verify`), holds
+each key once and the change-log holds each event once. The landing zone comes from two daemon runs (the first
+SIGKILLed, so batches are re-delivered), which makes two merges: the kill lands in the second one, after the
+first committed."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from daemon_harness import streamed_values
 from support.landed import landed_ids
+from support.spark import consume_once, verify_equal
 from support.waits import wait_for
 
 from cdcd.landing.reader import consumed_seqs, read_batches
@@ -91,7 +93,7 @@ def mid_merge(target: Path, fmt: str, last: dict[str, int]) -> bool:
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg", "parquet"])
 def test_spark_consumer_killed_mid_micro_batch_converges(
-    pg_server: PostgresServer, pg_db: str, tmp_path: Path, fmt: str
+    spark: object, pg_server: PostgresServer, pg_db: str, tmp_path: Path, fmt: str
 ) -> None:
     pg_server.psql(
         "CREATE TABLE orders (id int PRIMARY KEY, amount numeric(12,2), note text);"
@@ -160,13 +162,10 @@ format = "json"
     assert applied == first_run[-1], "the kill did not land inside the second merge"
     assert not set(second_run) & set(consumed_seqs(landing))
 
-    rerun = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target), "--once",
-                            "--format", fmt], capture_output=True, text=True)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    consume_once(landing, target, fmt)  # the restart, in the worker's Spark session (tests/support/spark.py)
     assert consumed_seqs(landing) == sorted(first_run + second_run)
     assert not any((target / "work").iterdir())
-    verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    verify_equal(cfg, target)
 
     for table, key in (("public.orders", "id"), ("public.items", "k")):
         keys = [r[key] for r in table_rows(target, table)]

@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from support.spark import consume_once
 
 from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
 from cdcd.landing.reader import consumed_seqs, landed_seqs
@@ -183,7 +184,8 @@ def staging(target: Path) -> bool:
     return any((target / "work").glob("*/t*"))
 
 
-def test_sigterm_at_random_moments_ends_with_the_documented_code_and_a_restart_converges(tmp_path: Path) -> None:
+def test_sigterm_at_random_moments_ends_with_the_documented_code_and_a_restart_converges(spark: object,
+                                                                                         tmp_path: Path) -> None:
     seed = int(os.environ.get("CDCD_TEST_SEED", random.randrange(2**32)))
     print(f"seed {seed} (CDCD_TEST_SEED)")
     rng = random.Random(seed)
@@ -231,9 +233,7 @@ def test_sigterm_at_random_moments_ends_with_the_documented_code_and_a_restart_c
             left = group_members(c.proc.pid)
             assert not left, f"processes of the consumer's group left after its exit: {left}"
         lander.stop()
-        final = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target),
-                                "--format", "parquet", "--once"], capture_output=True, text=True, timeout=WAIT_S)
-        assert final.returncode == 0, final.stderr[-4000:]
+        consume_once(landing, target, "parquet")  # the restart, in the worker's session (tests/support/spark.py)
     finally:
         lander.done.set()
         for c in consumers:

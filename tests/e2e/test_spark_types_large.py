@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from support.spark import consume_once, verify_equal
 
 from cdcd.landing.reader import read_batches
 from devtools.servers import MariaDBServer, PostgresServer
@@ -67,11 +68,8 @@ format = "json"
         daemon.terminate()
         daemon.wait(60)
     text = log.read_text()
-    spark = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target), "--once",
-                            "--format", fmt], capture_output=True, text=True)
-    assert spark.returncode == 0, spark.stderr[-3000:]
-    verify = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    consume_once(landing, target, fmt)
+    verify_equal(cfg, target)
     if fmt != "parquet":
         return text  # verify read the Delta or Iceberg table through Spark; the files below are Parquet-mirror only
     mirror = ds.dataset(target / "tables" / table).to_table()
@@ -80,7 +78,7 @@ format = "json"
     return text
 
 
-def test_mariadb_types_and_a_large_value_verify_equal(maria_server: MariaDBServer, maria_db: str,
+def test_mariadb_types_and_a_large_value_verify_equal(spark: object, maria_server: MariaDBServer, maria_db: str,
                                                       tmp_path: Path) -> None:
     db = maria_db
     maria_server.sql(
@@ -117,7 +115,7 @@ chunk_rows = 1
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "delta", "iceberg"])
-def test_postgres_inet_infinity_and_a_large_value_verify_equal(pg_server: PostgresServer, pg_db: str,
+def test_postgres_inet_infinity_and_a_large_value_verify_equal(spark: object, pg_server: PostgresServer, pg_db: str,
                                                                tmp_path: Path, fmt: str) -> None:
     pg_server.psql(
         "CREATE TABLE t (id int PRIMARY KEY, ip inet, ts timestamptz, d date, n numeric(10,2), big text);"

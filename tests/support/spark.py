@@ -16,6 +16,8 @@ session's own catalog fails that test: it would be in the next test's way.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyspark.sql import SparkSession
 
 
@@ -73,3 +75,32 @@ class SharedSession:
         if self._spark is not None and not _stopped(self._spark):
             self._spark.stop()
         self._spark = None
+
+
+def consume_once(landing: Path, target: Path, fmt: str = "parquet") -> None:
+    """``cdcd spark run --once`` in the worker's shared session (the ``spark`` fixture): what an e2e test needs
+    when the consumer's process is not what it tests. Its process (signals, exit codes, the JVM's end, the CLI)
+    is tested with a real ``cdcd spark run`` in test_spark_kill, test_spark_stop, test_spark_follow,
+    test_spark_lakehouse and test_spark_cluster; a run here saves a JVM's start and warm-up (issue 32)."""
+    from cdcd.spark.job import run
+
+    assert run(str(landing), str(target), once=True, fmt=fmt) == 0, "the consumer's run failed: see the log above"
+
+
+def verify_output(cfg: Path, target: Path) -> tuple[int, str]:
+    """``cdcd verify -c CFG --target TARGET`` in the worker's shared session: its exit code and report."""
+    import io
+
+    from cdcd.config import load_config
+    from cdcd.verify import verify
+
+    out = io.StringIO()
+    code = verify(load_config(cfg), str(target), out)
+    return code, out.getvalue()
+
+
+def verify_equal(cfg: Path, target: Path) -> str:
+    """``verify_output`` that must find every table equal (exit 0); the report."""
+    code, report = verify_output(cfg, target)
+    assert code == 0, report
+    return report
