@@ -1,15 +1,18 @@
-"""The consumer on a real Spark standalone cluster reading a landing zone on object storage: PostgreSQL ->
-`cdcd run` -> s3:// landing zone on the S3 server (tests/conftest.py `s3_server`) -> `spark-submit --master
-spark://...` (a master and a worker, `spark_cluster`) into Delta Lake -> `cdcd verify`."""
+"""The consumer on a real Spark standalone cluster with the landing zone and the tables on object storage:
+PostgreSQL -> `cdcd run` -> s3:// landing zone on the S3 server (tests/conftest.py `s3_server`) -> `spark-submit
+--master spark://...` (a master and a worker, `spark_cluster`) into Delta Lake tables at s3a:// on the same
+server -> `cdcd verify --target s3a://...`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from support.s3 import client, keys
 from support.waits import wait_for
 
 from cdcd.landing import reader
@@ -75,12 +78,17 @@ def land(pg: PostgresServer, db: str, cfg: Path, landing: str) -> None:
         daemon.wait(timeout=60)
 
 
+def store_env(s3: S3Server) -> dict[str, str]:
+    """The store's endpoint and keys in the environment, as boto3, S3A and the consumer read them."""
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region, "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+
+
 def submit(cluster: SparkCluster, s3: S3Server, landing: str, target: str) -> str:
-    """`spark-submit --master spark://...` the consumer (``SparkCluster.submit_command``), the store's endpoint and
-    keys in the environment, as boto3 and the consumer read them; its output."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": s3.region, "AWS_ACCESS_KEY_ID": s3.access_key,
-           "AWS_SECRET_ACCESS_KEY": s3.secret_key}
+    """`spark-submit --master spark://...` the consumer (``SparkCluster.submit_command``) with the store in its
+    environment (``store_env``); its output."""
+    env = store_env(s3)
     proc = subprocess.run(cluster.submit_command(landing, target, name="cdcd-on-the-cluster"),
                           capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr
@@ -92,13 +100,13 @@ def submit(cluster: SparkCluster, s3: S3Server, landing: str, target: str) -> st
 def test_consumer_on_a_standalone_cluster_from_object_storage(
         spark_cluster: SparkCluster, s3_server: S3Server, s3_bucket: str, pg_server: PostgresServer, pg_db: str,
         tmp_path: Path) -> None:
-    landing, target = f"s3://{s3_bucket}/landing", tmp_path / "target"
+    landing, target = f"s3://{s3_bucket}/landing", f"s3a://{s3_bucket}/target"
     reader.use_store(landing, Settings(endpoint=s3_server.endpoint, region=s3_server.region,
                                        access_key_id=s3_server.access_key, secret_access_key=s3_server.secret_key))
     cfg = daemon_config(tmp_path, pg_server, pg_db, landing, s3_server)
     land(pg_server, pg_db, cfg, landing)
 
-    output = submit(spark_cluster, s3_server, landing, str(target))
+    output = submit(spark_cluster, s3_server, landing, target)
     assert f'"master": "{spark_cluster.url}"' in output  # the `consumer starting` line: the cluster's master stood
     assert f'"landing": "{landing}"' in output
     apps = [a for a in spark_cluster.status()["completedapps"] if a["name"] == "cdcd-on-the-cluster"]
@@ -107,10 +115,17 @@ def test_consumer_on_a_standalone_cluster_from_object_storage(
     executor_log = spark_cluster.root / "work" / apps[0]["id"] / "0" / "stderr"
     assert "Finished task" in executor_log.read_text(errors="replace")
     assert reader.consumed_seqs(landing) == reader.landed_seqs(landing)  # consumed markers written to the store
+    stored = keys(s3_server, s3_bucket, "target/")
     for kind in ("tables", "changelog"):  # Spark wrote every table file: landed files on a store are not adopted
-        files = [f.name for f in (target / kind / "public.orders").rglob("*.parquet")]
+        files = [k.rsplit("/", 1)[1] for k in stored if k.startswith(f"target/{kind}/public.orders/")
+                 and k.endswith(".parquet")]
         assert files and all(f.startswith("part-") for f in files), files
+    last = max(reader.landed_seqs(landing))
+    assert f"target/state/commits/{last:020d}.json" in stored  # the consumer's record, on the store too
+    newest = max(k for k in stored if k.startswith("target/state/lease/"))  # the lease: released at the end
+    assert json.loads(client(s3_server).get_object(Bucket=s3_bucket, Key=newest)["Body"].read())["expires"] == 0
+    assert not (tmp_path / "target").exists() and not Path("s3a:").exists()  # nothing on a local disk
 
-    verified = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", str(target)], capture_output=True,
-                              text=True, timeout=600)
+    verified = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", target], capture_output=True,
+                              text=True, timeout=600, env=store_env(s3_server))
     assert verified.returncode == 0, (verified.stdout + verified.stderr)[-3000:]
