@@ -173,6 +173,7 @@ class Consumer:
         started, wall = time.monotonic(), time.time()
         segment = Segment(self.landing, batches)
         try:
+            self.store.guard()  # a target on object storage: its lease still held
             tables = sorted(segment.tables())
             self.strategy.files_before(tables)
             applied = self.strategy.apply(self.spark, segment, self.state.tables)

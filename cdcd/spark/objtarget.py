@@ -129,6 +129,11 @@ class ObjectTargetStore(TargetStore):
         self.store.put(f"{STATE_DIR}/{ZONE_BINDING}", json.dumps({"zone_id": zone_id, "landing": str(landing)})
                        .encode())
 
+    def guard(self) -> None:
+        """No table commit without the lease: one that lost it (taken over after an outage longer than its expiry)
+        must not write to Delta's single-writer log."""
+        leases.check_held(self.url)
+
     def commit(self, journal: dict[str, Any]) -> ConsumerState:
         """Record the merge the tables committed already (Delta, Iceberg: no files to move)."""
         if journal.get("files") or journal.get("buckets"):

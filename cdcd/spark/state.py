@@ -154,6 +154,10 @@ class TargetStore:
             )
         return ""
 
+    def guard(self) -> None:
+        """Before a merge writes to the tables: raise when this consumer may not (on a file system the lock, taken
+        for the whole run, suffices; ``ObjectTargetStore`` checks its lease)."""
+
     def commit(self, journal: dict[str, Any]) -> ConsumerState:
         """Make the staged micro-batch the target's content: journal first, then the moves."""
         write_durably(self.journal_path, json.dumps(journal).encode())

@@ -16,7 +16,7 @@ import pytest
 from support.s3 import keys
 from support.waits import wait_for
 
-from cdcd.spark.lease import Lease, LeaseLost, check_held
+from cdcd.spark.lease import _HELD, Lease, LeaseLost, check_held
 from cdcd.spark.objtarget import ObjectTargetStore, read_state
 from cdcd.spark.state import ConsumerState, TableState, TargetLocked
 from devtools.servers import S3Server
@@ -62,6 +62,10 @@ def test_one_holder_renewal_release_expiry_and_a_lost_lease(s3_env: dict[str, st
         second.renew()
     with pytest.raises(LeaseLost):
         second.check()
+    _HELD[second.target] = second  # as in its process: its store's guard refuses the merge before any table write
+    with pytest.raises(LeaseLost, match="expired"):
+        ObjectTargetStore(Path(target)).guard()
+    _HELD.pop(second.target)
     third.release()
     # the generations are pruned: a handful of objects, not one per renewal
     assert len(keys(s3_server, s3_bucket, "target/state/lease/")) <= 5
