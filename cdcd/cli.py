@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,72 +131,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(doc)
     else:
-        _print_status(doc)
+        from cdcd.daemon.progress import status_lines
+
+        print("\n".join(status_lines(doc)))
     return ExitCode.OK
-
-
-def _print_status(doc: dict[str, Any]) -> None:
-    from cdcd.daemon.progress import summary_line
-
-    if doc.get("stats") is not None:
-        print(f"cdcd {doc.get('version', '')} (pid {doc.get('pid')}): {summary_line(doc)}")
-        print(f"  ready: {'yes' if doc.get('ready') else 'no'}; uptime {doc.get('uptime_s')} s")
-    elif doc["running"]:
-        print(f"cdcd (pid {doc['pid']}) holds the state directory but its HTTP endpoint does not answer")
-    else:
-        print("cdcd is not running")
-    source = doc.get("source") or {}
-    for key in ("phase", "connected", "lag_ms", "slot_lag_bytes", "confirmed_flush_lsn", "binlog_file", "binlog_pos",
-                "gtid"):
-        if source.get(key) is not None:
-            print(f"  source.{key}: {source[key]}")
-    if source.get("tables"):
-        print(f"  captured tables: {', '.join(source['tables'])}")
-    for table, why in sorted((source.get("tables_needing_snapshot") or {}).items()):
-        print(f"  needs a re-snapshot: {table}: {why}")
-    lost = (source.get("position_lost") or {}).get("last")
-    if lost:
-        print(f"  position lost and recovered ({source['position_lost'].get('recoveries', 0)} times by this process): "
-              f"{lost.get('lost')}; from {lost.get('from')} to {lost.get('to')}")
-    retention = source.get("retention") or {}
-    if retention.get("state"):
-        head = "WARNING: retention budget" if retention.get("low") else "retention budget"
-        paused = "; incremental snapshots paused" if retention.get("incremental_paused") else ""
-        print(f"  {head} {retention['state']}: {retention.get('message', '')}{paused}")
-    if source.get("table_reload_error"):
-        print(f"  last table reload FAILED: {source['table_reload_error']}")
-    if source.get("incremental_waiting"):
-        print(f"  incremental snapshot waiting: {json.dumps(source['incremental_waiting'], default=str)}")
-    if source.get("last_error"):
-        print(f"  source.last_error: {source['last_error']}")
-    for table, t in sorted((source.get("snapshot") or {}).items()):
-        state = "done" if t.get("done") else "running"
-        estimate = t.get("total_estimate")
-        of = f" of ~{estimate}" if estimate else " (no row estimate: the table has no statistics yet)"
-        print(f"  snapshot {table}: {t.get('rows', 0)} rows{of} ({state})")
-    for job in doc.get("incremental_snapshots") or ():
-        where = f" where {job['where']}" if job.get("where") else ""
-        line = (f"  incremental snapshot {job.get('table')}{where}: {job.get('state')}, {job.get('chunks', 0)} chunks, "
-                f"{job.get('rows', 0)} rows")
-        if job.get("last_key") is not None:
-            line += f", last key {json.dumps(job['last_key'])}"
-        print(line + (f"; error: {job['error']}" if job.get("error") else ""))
-    stats = doc.get("stats") or {}
-    for table, c in sorted((stats.get("schema_changes") or {}).items()):
-        at = datetime.fromtimestamp(c["at"], UTC).isoformat(timespec="seconds") if c.get("at") is not None else "?"
-        print(f"  schema changed: {table}: version {c.get('version')} at {c.get('position')}, committed {at} "
-              f"({c.get('count')} since the start)")
-    if stats.get("last_error"):
-        print(f"  last error: {stats['last_error']}")
-    fault = doc.get("storage_fault")
-    if fault:
-        print(f"  STORAGE FAULT for {fault.get('failing_for_s')} s: {fault.get('error')}")
-    ckpt = doc.get("checkpoint")
-    if ckpt:
-        print(f"  checkpoint: batch {ckpt.get('batch_seq')}, {ckpt.get('event_count')} events, "
-              f"saved {ckpt.get('saved_at')}, position {json.dumps(ckpt.get('position'))}")
-    else:
-        print("  checkpoint: none yet")
 
 
 def _stop(args: argparse.Namespace, sig: signal.Signals, default_timeout: Callable[[Config], float]) -> int:

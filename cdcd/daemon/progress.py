@@ -6,9 +6,11 @@ TTY display, the log lines and sd_notify's ``STATUS=`` say the same thing.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # rich is loaded by render_live only: a daemon without a TTY never draws
@@ -122,3 +124,71 @@ def render_live(status: Mapping[str, Any], rates: RateTracker) -> Group:
         parts.append(table)
     parts.append(Text(summary_line(status)))
     return Group(*parts)
+
+
+def status_lines(doc: Mapping[str, Any]) -> list[str]:
+    """`cdcd status`'s text of the daemon's /status document (or of what the state directory shows when the daemon
+    does not answer), a line each."""
+    out: list[str] = []
+
+    if doc.get("stats") is not None:
+        out.append(f"cdcd {doc.get('version', '')} (pid {doc.get('pid')}): {summary_line(doc)}")
+        out.append(f"  ready: {'yes' if doc.get('ready') else 'no'}; uptime {doc.get('uptime_s')} s")
+    elif doc["running"]:
+        out.append(f"cdcd (pid {doc['pid']}) holds the state directory but its HTTP endpoint does not answer")
+    else:
+        out.append("cdcd is not running")
+    source = doc.get("source") or {}
+    for key in ("phase", "connected", "lag_ms", "slot_lag_bytes", "confirmed_flush_lsn", "binlog_file", "binlog_pos",
+                "gtid"):
+        if source.get(key) is not None:
+            out.append(f"  source.{key}: {source[key]}")
+    if source.get("tables"):
+        out.append(f"  captured tables: {', '.join(source['tables'])}")
+    for table, why in sorted((source.get("tables_needing_snapshot") or {}).items()):
+        out.append(f"  needs a re-snapshot: {table}: {why}")
+    lost = (source.get("position_lost") or {}).get("last")
+    if lost:
+        times = source["position_lost"].get("recoveries", 0)
+        out.append(f"  position lost and recovered ({times} times by this process): "
+                   f"{lost.get('lost')}; from {lost.get('from')} to {lost.get('to')}")
+    retention = source.get("retention") or {}
+    if retention.get("state"):
+        head = "WARNING: retention budget" if retention.get("low") else "retention budget"
+        paused = "; incremental snapshots paused" if retention.get("incremental_paused") else ""
+        out.append(f"  {head} {retention['state']}: {retention.get('message', '')}{paused}")
+    if source.get("table_reload_error"):
+        out.append(f"  last table reload FAILED: {source['table_reload_error']}")
+    if source.get("incremental_waiting"):
+        out.append(f"  incremental snapshot waiting: {json.dumps(source['incremental_waiting'], default=str)}")
+    if source.get("last_error"):
+        out.append(f"  source.last_error: {source['last_error']}")
+    for table, t in sorted((source.get("snapshot") or {}).items()):
+        state = "done" if t.get("done") else "running"
+        estimate = t.get("total_estimate")
+        of = f" of ~{estimate}" if estimate else " (no row estimate: the table has no statistics yet)"
+        out.append(f"  snapshot {table}: {t.get('rows', 0)} rows{of} ({state})")
+    for job in doc.get("incremental_snapshots") or ():
+        where = f" where {job['where']}" if job.get("where") else ""
+        line = (f"  incremental snapshot {job.get('table')}{where}: {job.get('state')}, {job.get('chunks', 0)} chunks, "
+                f"{job.get('rows', 0)} rows")
+        if job.get("last_key") is not None:
+            line += f", last key {json.dumps(job['last_key'])}"
+        out.append(line + (f"; error: {job['error']}" if job.get("error") else ""))
+    stats = doc.get("stats") or {}
+    for table, c in sorted((stats.get("schema_changes") or {}).items()):
+        at = datetime.fromtimestamp(c["at"], UTC).isoformat(timespec="seconds") if c.get("at") is not None else "?"
+        out.append(f"  schema changed: {table}: version {c.get('version')} at {c.get('position')}, committed {at} "
+                   f"({c.get('count')} since the start)")
+    if stats.get("last_error"):
+        out.append(f"  last error: {stats['last_error']}")
+    fault = doc.get("storage_fault")
+    if fault:
+        out.append(f"  STORAGE FAULT for {fault.get('failing_for_s')} s: {fault.get('error')}")
+    ckpt = doc.get("checkpoint")
+    if ckpt:
+        out.append(f"  checkpoint: batch {ckpt.get('batch_seq')}, {ckpt.get('event_count')} events, "
+                   f"saved {ckpt.get('saved_at')}, position {json.dumps(ckpt.get('position'))}")
+    else:
+        out.append("  checkpoint: none yet")
+    return out

@@ -214,17 +214,16 @@ def test_commands_that_never_connect_do_not_need_the_secret(tmp_path: Path, caps
     assert "source.password_file: cannot read" in capsys.readouterr().err
 
 
-def test_status_shows_what_the_operator_acts_on(capsys: pytest.CaptureFixture[str]) -> None:
-    from cdcd.cli import _print_status
+def test_status_shows_what_the_operator_acts_on() -> None:
+    from cdcd.daemon.progress import status_lines
 
-    _print_status({"running": True, "pid": 7, "stats": {"events_committed": 1, "schema_changes": {"public.a": {
-        "version": 3, "position": "pg:1", "at": 0.0, "count": 2}}}, "storage_fault": {
+    out = "\n".join(status_lines({"running": True, "pid": 7, "stats": {"events_committed": 1, "schema_changes": {
+        "public.a": {"version": 3, "position": "pg:1", "at": 0.0, "count": 2}}}, "storage_fault": {
         "error": "checkpoint saves are failing: No space left on device", "failing_for_s": 12.5},
         "source": {"phase": "snapshot", "tables": ["public.a", "public.b"], "last_error": "connection reset",
                    "table_reload_error": "table public.c has no primary key", "snapshot": {
                        "public.a": {"rows": 200, "total_estimate": 0, "done": False},
-                       "public.b": {"rows": 5, "total_estimate": 1000, "done": True}}}})
-    out = capsys.readouterr().out
+                       "public.b": {"rows": 5, "total_estimate": 1000, "done": True}}}}))
     assert "captured tables: public.a, public.b" in out and "source.last_error: connection reset" in out
     assert "last table reload FAILED: table public.c has no primary key" in out
     assert "STORAGE FAULT for 12.5 s: checkpoint saves are failing" in out

@@ -12,8 +12,8 @@ from support.retention import scrape
 
 from cdcd.capture.incremental.gate import Gate
 from cdcd.capture.retention import RetentionWatch
-from cdcd.cli import _print_status
 from cdcd.config import RetentionOptions, load_config, parse_config
+from cdcd.daemon.progress import status_lines
 from cdcd.errors import ConfigError
 from cdcd.sources.mysql.expiry import BinlogReading, expire_seconds, expiry_check
 from cdcd.sources.mysql.expiry import judge as judge_binlog
@@ -70,7 +70,7 @@ def test_the_binlog_budget_from_the_checkpoint_file_its_age_and_the_expiry() -> 
     assert expiry_check({"binlog_expire_logs_seconds": "604800"}).ok is True
 
 
-def test_the_metrics_and_cdcd_status_show_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_metrics_and_cdcd_status_show_the_budget() -> None:
     reading = judge_wal(wal("reserved", 200 * MB, retained=824 * MB), None, OPTIONS).to_json()
     source = {"retention": {**reading, "incremental_paused": True}}
     metrics = scrape({"source": source})
@@ -80,8 +80,7 @@ def test_the_metrics_and_cdcd_status_show_the_budget(capsys: pytest.CaptureFixtu
     assert metrics["cdcd_postgres_slot_retained_wal_bytes"] == 824 * MB
     assert "cdcd_mysql_binlog_expire_seconds" not in metrics and "cdcd_source_retention_seconds_left" not in metrics
     assert "cdcd_source_retention_low" not in scrape({"source": {}})  # before the first reading: nothing
-    _print_status({"running": True, "pid": 1, "source": source})
-    line = next(x for x in capsys.readouterr().out.splitlines() if "retention" in x)
+    line = next(x for x in status_lines({"running": True, "pid": 1, "source": source}) if "retention" in x)
     assert line.startswith("  WARNING: retention budget low: slot 'cdcd' may hold 200.0 MiB more WAL")
     assert line.endswith("; incremental snapshots paused")
 

@@ -45,7 +45,7 @@ from cdcd.sources.mysql import compat  # noqa: F401  (fixes negative TIME decodi
 from cdcd.sources.mysql.alter import apply_alter
 from cdcd.sources.mysql.binlogevents import event_start, refuse_undecoded, row_image_bytes
 from cdcd.sources.mysql.columnar import DEFER_BYTES, DEFER_ROWS, BlockBuilder
-from cdcd.sources.mysql.ddl import parse_ddl
+from cdcd.sources.mysql.ddl import Action, parse_ddl
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, MySqlGtidSet, parse_gtid_set
 from cdcd.sources.mysql.rowimage import TableDecoder, compile_table, table_map_signature
 from cdcd.sources.mysql.schema import (
@@ -68,6 +68,25 @@ class _Decoded:
     schema: TableSchema
     convert: list[tuple[str, Converter]]
     fast: TableDecoder | None  # None: a column type rowimage does not read; pymysqlreplication decodes
+
+
+def altered_mark(history: SchemaHistory, table: TableId, slot: MySqlPosition, actions: tuple[Action, ...],
+                 flavor: str, query: str) -> Mark | None:
+    """An ALTER TABLE of a captured table at ``slot``: a schema mark with the new version, when it changed a column
+    (a length or an order too, not only the Arrow shape); None when it changed none (the next table map then
+    defines the shape)."""
+    current = history.at(table, replace(slot, seq=slot.seq - 1))  # the shape before the ALTER
+    if current is None:
+        return None
+    altered = apply_alter(current, actions, history.next_id(table), flavor)
+    if altered is None or same_columns(altered.schema, current):  # None: a clause the schema cannot take
+        return None
+    new = history.record(slot, altered.schema)
+    detail = {"table": str(table), "schema": schema_to_json(new), "reason": "ddl",
+              "ddl": query[:2000], "change": new}  # "change": the landing zone records it
+    if altered.unknown:  # the source has the table read again (source.py, _judge_mark)
+        detail["unknown"] = [list(u) for u in altered.unknown]
+    return Mark(MarkKind.SCHEMA, slot, detail)
 
 
 class Decoder:
@@ -323,17 +342,9 @@ class Decoder:
                     self.tx_events += 1
                     items.append(ChangeEvent(Op.TRUNCATE, current, slot, tx_id=self.tx_id, commit_ts=ts))
             elif ddl.kind == "alter" and table in self.tables and ddl.actions:
-                current = self.history.at(table, replace(slot, seq=slot.seq - 1))  # the shape before the ALTER
-                altered = apply_alter(current, ddl.actions, self.history.next_id(table), self.flavor) \
-                    if current is not None else None
-                # any change of a column is a new version, a length or an order too (not only the Arrow shape)
-                if altered is not None and current is not None and not same_columns(altered.schema, current):
-                    new = self.history.record(slot, altered.schema)
-                    detail = {"table": str(table), "schema": schema_to_json(new), "reason": "ddl",
-                              "ddl": query[:2000], "change": new}  # "change": the landing zone records it
-                    if altered.unknown:  # the source has the table read again (source.py, _judge_mark)
-                        detail["unknown"] = [list(u) for u in altered.unknown]
-                    items.append(Mark(MarkKind.SCHEMA, slot, detail))
+                mark = altered_mark(self.history, table, slot, ddl.actions, self.flavor, query)
+                if mark is not None:
+                    items.append(mark)
             elif ddl.kind == "rename" and ddl.new_table is not None:
                 moved = self.history.at(table, slot)
                 if ddl.new_table in self.tables and moved is not None:

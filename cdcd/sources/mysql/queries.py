@@ -38,6 +38,15 @@ class Watermark:
         return MySqlPosition.at(self.file, self.pos, 0, self.gtid)
 
 
+TABLE_EXISTS_SQL = "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
+#: A table's primary key columns in key order, with their types. KEY_COLUMN_USAGE, not TABLE_CONSTRAINTS: that one
+#: shows MariaDB's least-privileged cdc user (SELECT, no table-level grants) nothing.
+PRIMARY_KEY_SQL = (
+    "SELECT k.COLUMN_NAME, c.DATA_TYPE FROM information_schema.KEY_COLUMN_USAGE k JOIN information_schema.COLUMNS c "
+    "ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME AND c.COLUMN_NAME = k.COLUMN_NAME "
+    "WHERE k.TABLE_SCHEMA = %s AND k.TABLE_NAME = %s AND k.CONSTRAINT_NAME = 'PRIMARY' ORDER BY k.ORDINAL_POSITION")
+
+
 def quote_ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 

@@ -20,7 +20,7 @@ import structlog
 from cdcd.capture.contracts import Replan
 from cdcd.config import Config
 from cdcd.errors import PositionLost, SourceError, SourceFatal
-from cdcd.events import Item, Mark, MarkKind
+from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.binlog import StartPoint
 from cdcd.sources.mysql.connection import ConnectParams
@@ -34,7 +34,8 @@ from cdcd.sources.mysql.identity import (
     parse_event_gtid,
 )
 from cdcd.sources.mysql.plan import LOST_FIX
-from cdcd.sources.mysql.queries import Watermark, parse_binlog_status
+from cdcd.sources.mysql.preflight import undecodable_settings
+from cdcd.sources.mysql.queries import PRIMARY_KEY_SQL, TABLE_EXISTS_SQL, Watermark, parse_binlog_status
 from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.tls import Tls, TlsError
 from cdcd.sources.mysql.watermarks import binlog_status_statement
@@ -146,6 +147,31 @@ class MySqlServer:
             "'log_bin_compress', 'server_uuid', 'gtid_executed', 'binlog_transaction_compression', "
             "'binlog_row_value_options')")
         return {str(k).lower(): str(v) for k, v in rows}
+
+    def learn(self, v: dict[str, str]) -> None:
+        """Take the server's version, flavor and GTID mode from its ``variables()``; a setting cdcd cannot stream
+        from is fatal (no binlog, a compressed one, an undecodable row format, our server_id taken)."""
+        self.version = v.get("version", "")
+        self.flavor = "mariadb" if "mariadb" in self.version.lower() else "mysql"
+        self.gtid_mode = v.get("gtid_mode", "OFF").upper() == "ON"
+        if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
+            raise SourceFatal("the server's binlog is off (log_bin): set log_bin, binlog_format=ROW, "
+                              "binlog_row_image=FULL, binlog_row_metadata=FULL and restart it (see docs/mysql.md)")
+        if v.get("log_bin_compress", "OFF").upper() in ("ON", "1"):
+            raise SourceFatal("the server compresses its binlog (log_bin_compress = ON), which cdcd cannot decode: "
+                              "SET GLOBAL log_bin_compress = OFF and set it OFF in my.cnf (see docs/mysql.md)")
+        for problem in undecodable_settings(v):
+            raise SourceFatal(problem)
+        if v.get("server_id") == str(self.server_id):
+            raise SourceFatal(f"source.mysql.server_id {self.server_id} is the server's own server_id: choose a "
+                              "number unique among its replicas")
+
+    async def exists(self, t: TableId) -> bool:
+        return bool(await self.query(TABLE_EXISTS_SQL, (t.schema, t.name)))
+
+    async def primary_key(self, t: TableId) -> list[tuple[str, str]]:
+        """The table's primary key columns in key order, with their types (empty: no primary key)."""
+        return [(str(r[0]), str(r[1])) for r in await self.query(PRIMARY_KEY_SQL, (t.schema, t.name))]
 
     async def facts(self, v: dict[str, str] | None = None) -> BinlogFacts:
         """The server's identity, GTID set and binlog files; a dead control connection is a transient error."""

@@ -24,7 +24,7 @@ from cdcd.capture.incremental import SnapshotJob, check_table, parse_tables, pla
 from cdcd.capture.recovery import Recovering
 from cdcd.capture.retention import Retention, RetentionWatch
 from cdcd.config import Config
-from cdcd.errors import ConfigError, SourceError, SourceFatal
+from cdcd.errors import ConfigError, SourceError
 from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.landing.keyrange import key_kind, parse_where
 from cdcd.positions import MySqlPosition, Position
@@ -40,8 +40,8 @@ from cdcd.sources.mysql.identity import (
     Verdict,
 )
 from cdcd.sources.mysql.plan import Step, after_verdict, first_step, resume_position
-from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check, undecodable_settings
-from cdcd.sources.mysql.queries import quote_ident
+from cdcd.sources.mysql.preflight import ServerFacts, evaluate, tls_check
+from cdcd.sources.mysql.queries import PRIMARY_KEY_SQL, quote_ident
 from cdcd.sources.mysql.recover import MyRecoveries
 from cdcd.sources.mysql.schema import SchemaHistory
 from cdcd.sources.mysql.server import MySqlServer
@@ -146,20 +146,7 @@ class MySqlSource(Recovering, Source):
     async def _connect(self, resume: ResumePoint) -> _Plan:
         server = self.server
         v = await server.variables()
-        server.version = v.get("version", "")
-        server.flavor = "mariadb" if "mariadb" in server.version.lower() else "mysql"
-        server.gtid_mode = v.get("gtid_mode", "OFF").upper() == "ON"
-        if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
-            raise SourceFatal("the server's binlog is off (log_bin): set log_bin, binlog_format=ROW, "
-                              "binlog_row_image=FULL, binlog_row_metadata=FULL and restart it (see docs/mysql.md)")
-        if v.get("log_bin_compress", "OFF").upper() in ("ON", "1"):
-            raise SourceFatal("the server compresses its binlog (log_bin_compress = ON), which cdcd cannot decode: "
-                              "SET GLOBAL log_bin_compress = OFF and set it OFF in my.cnf (see docs/mysql.md)")
-        for problem in undecodable_settings(v):
-            raise SourceFatal(problem)
-        if v.get("server_id") == str(server.server_id):
-            raise SourceFatal(f"source.mysql.server_id {server.server_id} is the server's own server_id: choose a "
-                              "number unique among its replicas")
+        server.learn(v)
         server.history = SchemaHistory.from_json(resume.state.get("schemas") or {})
         return await self._make_plan(resume, v)
 
@@ -291,12 +278,7 @@ class MySqlSource(Recovering, Source):
             return [CheckResult("connect", False, str(exc), "check source.host, source.port, user and password")]
         tables: dict[str, tuple[bool, tuple[str, ...]]] = {}
         for t in sorted(self.tables):
-            exists = await query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
-                                       "TABLE_NAME = %s", (t.schema, t.name))
-            key = await query(
-                "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s AND "
-                "TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION", (t.schema, t.name))
-            tables[str(t)] = (bool(exists), tuple(str(r[0]) for r in key))
+            tables[str(t)] = (await self.server.exists(t), tuple(k for k, _ in await self.server.primary_key(t)))
         facts = ServerFacts(v.get("version", ""), v, grants, tables, self.server.server_id)
         expiry = {str(k).lower(): str(v) for k, v in await query(EXPIRY_VARIABLES)}
         return [CheckResult("connect", True, f"{self.conn.user}@{self.conn.where}"),
@@ -319,11 +301,7 @@ class MySqlSource(Recovering, Source):
                 await cur.execute(f"EXPLAIN SELECT 1 FROM {quote_ident(t.schema)}.{quote_ident(t.name)} "
                                   f"WHERE ({where})")
                 # the key and its type: the condition must be one the merge can record as a key range
-                await cur.execute(
-                    "SELECT k.COLUMN_NAME, c.DATA_TYPE FROM information_schema.KEY_COLUMN_USAGE k JOIN "
-                    "information_schema.COLUMNS c ON c.TABLE_SCHEMA = k.TABLE_SCHEMA AND c.TABLE_NAME = k.TABLE_NAME "
-                    "AND c.COLUMN_NAME = k.COLUMN_NAME WHERE k.TABLE_SCHEMA = %s AND k.TABLE_NAME = %s AND "
-                    "k.CONSTRAINT_NAME = 'PRIMARY' ORDER BY k.ORDINAL_POSITION", (t.schema, t.name))
+                await cur.execute(PRIMARY_KEY_SQL, (t.schema, t.name))
                 key = [(str(r[0]), str(r[1])) for r in await cur.fetchall()]
         except Exception as exc:
             code = code_of(exc)
@@ -388,16 +366,10 @@ class MySqlSource(Recovering, Source):
             return
         server = self.server
         for t in added:
-            found = await server.query("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
-                                       "TABLE_NAME = %s", (t.schema, t.name))
-            if not found:
+            if not await server.exists(t):
                 raise SourceError(f"table reload: table {t} does not exist on {server.where}; create it, or correct "
                                   "source.tables and reload again")
-        keyless = [str(t) for t in added if not await server.query(
-            # KEY_COLUMN_USAGE as the snapshot and `cdcd check` read it: TABLE_CONSTRAINTS shows MariaDB's
-            # least-privileged cdc user (SELECT, no table-level grants) nothing
-            "SELECT 1 FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-            "AND CONSTRAINT_NAME = 'PRIMARY'", (t.schema, t.name))]
+        keyless = [str(t) for t in added if not await server.primary_key(t)]
         if keyless:  # its incremental snapshot reads in primary-key order: refused before anything changes
             raise SourceError(f"table reload: {', '.join(keyless)} on {server.where} has no primary key, so it cannot "
                               "be snapshotted while streaming; not added. Fix: ALTER TABLE ... ADD PRIMARY KEY (...) "

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from cdcd.events import Item
+from cdcd.events import Item, Mark, MarkKind, TableSchema
 from cdcd.positions import PgPosition
 from cdcd.sources.postgres.columnar import BlockBuilder
 from cdcd.sources.postgres.wire import pgoutput
@@ -167,6 +167,16 @@ class Blocks:
         self.first = self.rows = self.size = 0
         self.in_tx = False
         self.reached = reached
+
+    def schema_changes(self, changes: list[TableSchema]) -> None:
+        """A schema-change mark per table a Relation message just changed (``changes``, emptied), for the landing
+        zone's record (docs/landing-format.md, ``schema_changes``). Its position is the transaction's last one
+        taken (the Relation takes none: the server sends it again after a restart only when its cache asks, so a
+        seq of its own would renumber the rows after it): below the rows it comes before."""
+        for new in changes:
+            self.pending.add(Mark(MarkKind.SCHEMA, PgPosition(self.commit_lsn, self.seq),
+                                  {"table": str(new.table), "change": new, "ddl": None}))
+        changes.clear()
 
     def take_run(self, part: list[bytes]) -> bool:
         """A run of row messages taken whole when it is one table's and no cut falls inside it (``_bulk_run``);

@@ -198,7 +198,7 @@ class PgStream:
                         relations.add(msg)
                         dec = decoders[msg.oid] = await self._relation(msg, at.commit_lsn if at.in_tx else None)
                         builders[msg.oid] = None if dec is None else BlockBuilder(dec.shape, self._tables.warnings)
-                        self._schema_changes(at)
+                        at.schema_changes(self._tables.changes)
                     else:
                         self._message(msg, at, decoders)
                 if out.full():
@@ -218,16 +218,6 @@ class PgStream:
                     yield mark
         for item in out.flush():  # the server ended the stream: what was decoded goes out
             yield item
-
-    def _schema_changes(self, at: Blocks) -> None:
-        """A schema-change mark per table the Relation message just changed, for the landing zone's record
-        (docs/landing-format.md, ``schema_changes``). Its position is the transaction's last one taken (the
-        Relation takes none: the server sends it again after a restart only when its cache asks, so a seq of its
-        own would renumber the rows after it): below the rows it comes before."""
-        for new in self._tables.changes:
-            at.pending.add(Mark(MarkKind.SCHEMA, PgPosition(at.commit_lsn, at.seq),
-                                {"table": str(new.table), "change": new, "ddl": None}))
-        self._tables.changes.clear()
 
     def _message(self, msg: pgoutput.Message, at: Blocks, decoders: dict[int, RowDecoder | None]) -> None:
         """A message other than a Relation (and, ``columnar``, other than a row): its items to ``at.pending``, a
