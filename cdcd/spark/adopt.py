@@ -103,7 +103,10 @@ def adopt(spark: SparkSession, table: Path, files: list[LandedFile], app_id: str
     seq_actions = jvm.scala.jdk.javaapi.CollectionConverters.asScala(parsed).toList()
     none = jvm.scala.Option.empty()
     append = jvm.org.apache.spark.sql.SaveMode.Append
-    operation = getattr(delta, "DeltaOperations$Write")(append, none, none, none, none, none, none, none, none)
+    write = getattr(delta, "DeltaOperations$Write")
+    # the mode, then only Options: 3 of them in Delta 4.0.x, 8 in 4.4 (the widest public constructor)
+    arity = max(c.getParameterCount() for c in write._java_lang_class.getConstructors())
+    operation = write(append, *([none] * (arity - 1)))
     log = delta.DeltaLog.forTable(spark._jsparkSession, table.as_uri())
     # no txnVersion(app_id) check in the transaction: it reconstructs the table's state with a Spark job (1 s
     # and more); the caller has checked the table's record (``Delta.applied_seq``) and is its only writer

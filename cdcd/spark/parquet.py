@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType
@@ -139,9 +140,14 @@ def sized_buckets(rows: int, minimum: int) -> int:
 def _observed(observation: Observation) -> dict[str, Any] | None:
     """The metrics an action reported, or None when the node was optimised away."""
     try:
-        return observation.get
+        got = observation.get
     except Exception:
         return None
+    # pyspark 4.0 hands arrays back as Scala sequences (from 4.1 on, get converts through a pickled row)
+    jvm = SparkContext._jvm
+    convert = jvm.scala.jdk.javaapi.CollectionConverters.asJava if jvm is not None else None
+    java = [k for k, v in got.items() if type(v).__module__.startswith("py4j")]
+    return {**got, **{k: list(convert(got[k])) for k in java}} if convert is not None else got
 
 
 def _parquet_rows(dirs: list[str]) -> int:
