@@ -34,6 +34,8 @@ _REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "Inva
             "InvalidToken", "AuthorizationHeaderMalformed", "XAdminUserNotFound"}
 CREDENTIALS_HINT = ("landing.s3.access_key_id and landing.s3.secret_access_key_file, or the environment "
                     "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) or the AWS credentials file")
+TARGET_CREDENTIALS_HINT = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or the "
+                           "AWS credentials file")
 
 
 def is_object_url(path: str | Path) -> bool:
@@ -101,6 +103,9 @@ class ObjectStore:
         s = settings or Settings()
         self.location = location
         self.role = role  # what the store holds, for the error messages (the Spark consumer's target too)
+        landing = role == "landing zone"  # else the consumer's: its settings are its environment
+        self.credentials_hint = CREDENTIALS_HINT if landing else TARGET_CREDENTIALS_HINT
+        self.endpoint_hint = "landing.path or landing.s3.endpoint" if landing else "the URL or AWS_ENDPOINT_URL"
         self.settings = s
         # boto3 retries once on its own (a dropped keep-alive connection); the landing's backoff does the rest
         config = BotoConfig(connect_timeout=s.timeout_s, read_timeout=s.timeout_s,
@@ -116,24 +121,24 @@ class ObjectStore:
             return fn()
         except botocore.exceptions.NoCredentialsError as exc:
             raise SinkFatal(f"{self.role} {self.location.url}: no credentials for bucket {self.location.bucket} "
-                            f"({what} {where}); set {CREDENTIALS_HINT}") from exc
+                            f"({what} {where}); set {self.credentials_hint}") from exc
         except botocore.exceptions.ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             if code in _REFUSED or status == 403:
                 raise SinkFatal(
                     f"{self.role} {self.location.url}: the store refused the credentials for bucket "
-                    f"{self.location.bucket} ({what} {where}: {code or status}); check {CREDENTIALS_HINT}, and that "
-                    f"they may read, write, list and delete in the bucket") from exc
+                    f"{self.location.bucket} ({what} {where}: {code or status}); check {self.credentials_hint}, "
+                    "and that they may read, write, list and delete in the bucket") from exc
             if code == "NoSuchBucket":
                 raise SinkFatal(f"{self.role} {self.location.url}: bucket {self.location.bucket} does not exist "
-                                f"at {self.settings.endpoint or 'AWS'}; create it, or fix landing.path or "
-                                "landing.s3.endpoint") from exc
+                                f"at {self.settings.endpoint or 'AWS'}; create it, or fix "
+                                f"{self.endpoint_hint}") from exc
             raise SinkError(f"{self.role} {self.location.url}: {what} {where} failed: {code or status} "
                             f"({exc.response.get('Error', {}).get('Message', '')})") from exc
         except botocore.exceptions.BotoCoreError as exc:  # unreachable, cut, timed out
             raise SinkError(f"{self.role} {self.location.url}: {what} {where} failed: {exc}; is the store at "
-                            f"{self.settings.endpoint or 'AWS'} reachable (landing.s3.endpoint)?") from exc
+                            f"{self.settings.endpoint or 'AWS'} reachable ({self.endpoint_hint})?") from exc
 
     def put(self, relative: str, data: bytes) -> None:
         key = self.location.key(relative)

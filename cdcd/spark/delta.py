@@ -44,7 +44,8 @@ from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.adopt import adopt, on_disk, one_version, same_columns
 from cdcd.spark.collapse import Prepared, conformed
-from cdcd.spark.lakehouse import CommitRecord, Lakehouse, Statements, in_key_ranges, register, timed_call
+from cdcd.spark.commitrecord import CommitRecord
+from cdcd.spark.lakehouse import Lakehouse, Statements, in_key_ranges, register, timed_call
 from cdcd.spark.lakehouse_ddl import mirror_schema
 from cdcd.spark.objtarget import table_uri
 from cdcd.spark.schemalog import CDC_SCHEMA_CHANGE

@@ -21,7 +21,8 @@ from pyspark.sql.types import ByteType, DataType, DecimalType, ShortType
 from cdcd.landing.objstore import is_object_url
 from cdcd.spark import jars
 from cdcd.spark import lakehouse_sql as sql
-from cdcd.spark.lakehouse import CommitRecord, Lakehouse
+from cdcd.spark.commitrecord import CommitRecord
+from cdcd.spark.lakehouse import Lakehouse
 from cdcd.spark.strategy import Applied
 
 ICEBERG_CATALOG = "cdcd"

@@ -36,6 +36,7 @@ from cdcd.landing.reader import LandedFile
 from cdcd.spark import evolve, schemalog
 from cdcd.spark import lakehouse_sql as sql
 from cdcd.spark.collapse import Prepared, conformed, new_events, prepare, release
+from cdcd.spark.commitrecord import CommitRecord, recorded
 from cdcd.spark.evolve import CHANGELOG, MIRROR, Target
 from cdcd.spark.held import Held
 from cdcd.spark.identity import Identity, Tag, identity, mirror_renamed, tagged, tagged_ids
@@ -50,34 +51,6 @@ _FETCH = "run scripts/bootstrap.sh (it fetches the jars into .jars/) or set CDCD
 FORMAT_MARKER = "format"  # TARGET/state/format: the target's table format
 #: The step name of the covered delete in the tables' own commit records (Delta appId ``cdcd-covered``).
 COVERED_STEP = "covered"
-
-
-@dataclass(frozen=True, slots=True)
-class CommitRecord:
-    """What a commit records of the consumer: the statement (``step``: changelog, truncate, mirror, covered) and
-    the last landed batch seq it applied. Each format writes it into the commit its own way
-    (``Lakehouse.commit_settings``; a DataFrame write of Delta takes it as write options, ``Delta.append``)."""
-
-    step: str
-    seq: int
-
-
-@contextmanager
-def recorded(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Run a SQL statement whose commit records ``settings`` (``Lakehouse.commit_settings`` of a ``CommitRecord``).
-
-    The one place the consumer sets session settings for a commit: a SQL statement (MERGE INTO, DELETE, INSERT)
-    takes no per-statement options in Spark, and both formats read their commit metadata for SQL statements
-    from the session only (Delta's idempotent-write transaction, Iceberg's snapshot properties). A DataFrame
-    write takes them as its own options instead (``Delta.append``).
-    """
-    for k, v in settings.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k in settings:
-            spark.conf.unset(k)
 
 
 def table_schema(spark: SparkSession, fmt: Lakehouse, kind: str, schema: str, table: str) -> StructType | None:

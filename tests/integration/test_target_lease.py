@@ -125,3 +125,16 @@ def test_commit_records_on_the_store(s3_env: dict[str, str], s3_server: S3Server
         assert json.loads(read_state(target, "zone.json") or "{}")["zone_id"] == "zone-1"
     finally:
         lease.release()
+
+
+def test_rejected_keys_for_the_target_exit_1_naming_the_target_and_the_settings(
+        s3_env: dict[str, str], s3_bucket: str, tmp_path: Path) -> None:
+    (tmp_path / "landing").mkdir()
+    env = {**os.environ, **s3_env, "AWS_SECRET_ACCESS_KEY": "not-the-secret-key"}
+    done = subprocess.run([str(Path(sys.executable).with_name("cdcd")), "spark", "run", "--landing", "landing",
+                           "--target", f"s3a://{s3_bucket}/target", "--once", "--log-format", "console"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 1, done.stderr  # before any JVM: the lease is taken first
+    assert f"target s3://{s3_bucket}/target: the store refused the credentials" in done.stderr, done.stderr
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in done.stderr and "landing.s3" not in done.stderr
+    assert "not-the-secret-key" not in done.stderr
