@@ -89,8 +89,11 @@ class Lease:
     def _take(self, generation: int, expires_in: float) -> bool:
         started = time.monotonic()
         doc = Holder(self.id, socket.gethostname(), os.getpid(), time.time() + expires_in if expires_in else 0.0)
-        if not self.store.create(f"{LEASE_DIR}/{generation:020d}", json.dumps(asdict(doc)).encode()):
-            return False
+        name = f"{LEASE_DIR}/{generation:020d}"
+        if not self.store.create(name, json.dumps(asdict(doc)).encode()):
+            found = self.store.get(name)  # ours all the same: a PUT retried after its answer was lost
+            if found is None or json.loads(found).get("holder") != self.id:
+                return False
         self.generation, self.valid_until = generation, started + expires_in
         return True
 
@@ -132,8 +135,8 @@ class Lease:
 
     def renew(self) -> None:
         """Create the next generation; LeaseLost when another consumer created it first."""
-        gen, holder = self._newest()
-        if gen != self.generation or holder is None or holder.holder != self.id:
+        gen, holder = self._newest()  # a newer generation of ours: a renewal whose answer was lost
+        if gen < self.generation or holder is None or holder.holder != self.id:
             raise LeaseLost(f"target {self.target}: another consumer took the lease "
                             f"({holder.describe() if holder else 'generation ' + str(gen)}) after this one's "
                             f"expired: this one stops without committing again")

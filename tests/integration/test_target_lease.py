@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +139,22 @@ def test_rejected_keys_for_the_target_exit_1_naming_the_target_and_the_settings(
     assert f"target s3://{s3_bucket}/target: the store refused the credentials" in done.stderr, done.stderr
     assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in done.stderr and "landing.s3" not in done.stderr
     assert "not-the-secret-key" not in done.stderr
+
+
+def test_a_put_whose_answer_was_lost_is_still_the_holders(s3_env: dict[str, str], s3_bucket: str) -> None:
+    """The store made the generation but its answer never came (boto3 retries, or the next renewal finds it):
+    the lease is still this consumer's, not lost to "another consumer"."""
+    lease = Lease(f"s3://{s3_bucket}/t", seconds=30)
+    lease.acquire()
+    lease._stop.set()  # renewed by hand below
+    try:
+        ours = json.dumps({"holder": lease.id, "host": "h", "pid": 1, "expires": time.time() + 30}).encode()
+        gen = lease.generation
+        assert lease.store.create(f"state/lease/{gen + 1:020d}", ours)  # a renewal's PUT, its answer lost
+        lease.renew()  # finds it, and renews past it
+        assert lease.generation == gen + 2
+        assert lease.store.create(f"state/lease/{gen + 3:020d}", ours)
+        assert lease._take(gen + 3, 30)  # a retried PUT refused by its own first attempt
+        lease.check()
+    finally:
+        lease.release()
