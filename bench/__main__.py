@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from bench import consumer, incremental, inprogress, latency, objstore, peers, scenarios
+from bench import cluster, consumer, incremental, inprogress, latency, objstore, peers, scenarios
 from bench.report import write_report
 from devtools.servers import MariaDBServer, PostgresServer
 
@@ -32,11 +32,11 @@ SIZES = {
                 "pg_snapshot": 5_000_000,
                 "latency_s": 20, "rss_tx": 2_000_000, "rss_snapshot": 5_000_000, "spark_small": 10_000_000,
                 "incremental": 1_000_000, "incremental_rate": 10_000, "inprogress_tx": 2_000_000,
-                "inprogress_pause_s": 0.5},
+                "inprogress_pause_s": 0.5, "cluster": 1_000_000},
     "quick": {"stream": 50_000, "stream_wide": 10_000, "snapshot": 50_000, "snapshot_wide": 10_000,
               "pg_snapshot": 50_000, "latency_s": 2, "rss_tx": 100_000, "rss_snapshot": 200_000, "spark_small": 20_000,
               "incremental": 200_000, "incremental_rate": 5_000, "inprogress_tx": 100_000, "inprogress_pause_s": 0.05,
-              "inprogress_work_mem": "1MB"},
+              "inprogress_work_mem": "1MB", "cluster": 20_000},
 }
 
 
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("spark", lambda: consumer.spark_consumer(work / "pg_stream", work / "spark", results)))
             plan.append(("spark_small", lambda: consumer.spark_small(pg, work / "spark_small", sizes)))
             plan.append(("spark_follow", lambda: consumer.spark_follow(pg, work / "spark_follow", sizes)))
+            plan.append(("spark_cluster", lambda: cluster.spark_cluster(pg, work / "spark_cluster", sizes)))
         for name, run in plan:
             if args.only and name not in args.only:
                 continue

@@ -17,9 +17,12 @@ from devtools.servers import PostgresServer, S3Server
 LATENCY_SAMPLES = 20
 
 
-def _config(pg: PostgresServer, db: str, work: Path, slot: str, s3: S3Server | None) -> Path:
+def landing_config(pg: PostgresServer, db: str, work: Path, slot: str, s3: S3Server | None,
+                   batch_delay_ms: int | None = 0) -> Path:
+    """A daemon streaming the narrow table from ``slot`` into ``s3://bench/SLOT`` (local disk without ``s3``);
+    ``batch_delay_ms`` None: the default batching."""
     work.mkdir(parents=True)
-    landing: dict[str, object] = {"max_batch_delay_ms": 0}
+    landing: dict[str, object] = {} if batch_delay_ms is None else {"max_batch_delay_ms": batch_delay_ms}
     if s3 is not None:
         (work / "s3-secret").write_text(s3.secret_key)
         landing.update(path=f"s3://bench/{slot}", s3={"endpoint": s3.endpoint, "region": s3.region,
@@ -61,7 +64,7 @@ def pg_landing_s3(pg: PostgresServer, work: Path, sizes: dict[str, int]) -> list
             pg.psql(f"SELECT pg_create_logical_replication_slot('{name}', 'pgoutput')", db)
         workloads.pg_insert_narrow(pg, db, 1, count, 1000)
         for name, store in zones:
-            timed[name] = run_daemon_until(_config(pg, db, work / name, name, store), work / name, count)
+            timed[name] = run_daemon_until(landing_config(pg, db, work / name, name, store), work / name, count)
         for n, (name, _) in enumerate(zones):
             # the second daemon first reads the first one's latency rows from its own slot
             lat[name] = _latency(pg, db, work / name / "cdcd.toml", work / name, count + 1 + n * LATENCY_SAMPLES,
