@@ -167,6 +167,11 @@ def log4j_properties(verbose: bool) -> str:
         "appender.out.layout.alwaysWriteExceptions = false",
         f"rootLogger.level = {level}",
         "rootLogger.appenderRef.out.ref = out",
+        # Delta logs "Failed to translate filter EqualTo(__delta_internal_is_row_deleted,0)" at ERROR whenever
+        # it reads a file with a deletion vector: the filter is applied after the Parquet read instead of in
+        # it, nothing failed. Shown at debug only, so that an ERROR in the consumer's log is one to act on.
+        "logger.deltafilter.name = org.apache.spark.sql.delta.DeltaParquetFileFormat",
+        f"logger.deltafilter.level = {'warn' if verbose else 'fatal'}",
     ]) + "\n"
 
 

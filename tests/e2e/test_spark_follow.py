@@ -83,7 +83,7 @@ def test_following_consumer_serves_metrics_and_health_and_logs_one_line_per_merg
     landing, target, cwd = tmp_path / "landing", tmp_path / "target", tmp_path / "cwd"
     cwd.mkdir()
     land(landing, 1, range(1, 4))
-    land(landing, 2, range(4, 6))
+    land(landing, 2, range(2, 6))  # keys 2 and 3 again: the merge marks their rows deleted (deletion vectors)
     port = free_port()
     log = tmp_path / "consumer.log"
     with log.open("wb") as out:
@@ -101,7 +101,9 @@ def test_following_consumer_serves_metrics_and_health_and_logs_one_line_per_merg
 
         wait_for("batch 2 applied", applied(2), 240, procs=proc, log=log)
         wait_for("a following consumer", lambda: "following" in get(f"{base}/healthz")[1], 240, procs=proc, log=log)
-        land(landing, 3, range(6, 10))  # lands while it follows: the stream picks it up
+        # lands while it follows: the stream picks it up; keys 3..5 again, in files with deletion vectors, which
+        # Delta reads with a filter it logs an ERROR about (nothing failed: the log4j settings keep it out)
+        land(landing, 3, range(3, 10))
         m = wait_for("batch 3 applied", applied(3), 240, procs=proc, log=log)
         assert get(f"{base}/healthz")[0] == 200
         table = (("table", "public.orders"),)
@@ -109,7 +111,7 @@ def test_following_consumer_serves_metrics_and_health_and_logs_one_line_per_merg
         position = read_manifest(landing, 3).last_position
         assert m[("cdcd_spark_table_position_info", (("position", position), *table))] == 1
         assert m[("cdcd_spark_batches_applied_total", ())] == 3
-        assert m[("cdcd_spark_events_applied_total", ())] == 9
+        assert m[("cdcd_spark_events_applied_total", ())] == 14
         assert m[("cdcd_spark_merge_seconds_count", ())] == 3  # one merge per landing run
         assert m[("cdcd_spark_merge_seconds_sum", ())] > 0
         assert m[("cdcd_spark_lag_batches", ())] == 0 and m[("cdcd_spark_lag_seconds", ())] == 0
@@ -122,7 +124,7 @@ def test_following_consumer_serves_metrics_and_health_and_logs_one_line_per_merg
     lines = log_lines(log)
     merges = [line for line in lines if line.get("event") == "merge applied"]
     assert [(m["batches"], m["events"], m["tables"]) for m in merges] == [
-        ("1..1", 3, ["public.orders"]), ("2..2", 2, ["public.orders"]), ("3..3", 4, ["public.orders"])]
+        ("1..1", 3, ["public.orders"]), ("2..2", 4, ["public.orders"]), ("3..3", 7, ["public.orders"])]
     for m in merges:
         assert m["level"] == "info" and m["seconds"] > 0 and m["format"] == "delta"
         assert m["files_added"] >= 1 and m["files_rewritten"] >= 0
