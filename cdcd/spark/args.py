@@ -18,7 +18,13 @@ DEFAULT_BUCKETS = 16
 DEFAULT_STOP_TIMEOUT_S = 45.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
+REGISTER_ENV = "CDCD_SPARK_REGISTER_TABLES"
 DESCRIPTION = "merge landed batches into change-log tables and current-state mirrors (docs/spark.md)"
+
+
+def env_flag(name: str) -> bool:
+    """An on/off environment setting: 1, true, yes or on (any case) turn it on."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def listen_address(value: str) -> tuple[str, int]:
@@ -82,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Delta mirrors for Spark readers (deletion vectors, column mapping; default) or for any "
                         "reader (delta-rs, pandas, DuckDB; each merge rewrites the files it changes); env "
                         "CDCD_DELTA_READERS; docs/spark.md, Readers")
+    p.add_argument("--register-tables", action="store_true", default=env_flag(REGISTER_ENV),
+                   help="register every Delta mirror and change-log by name in the session catalog (a Hive "
+                        "metastore: embedded under TARGET/state/metastore locally, the cluster's under "
+                        f"spark-submit) as <schema>.<table> and <schema>.<table>_changelog; env {REGISTER_ENV}; "
+                        "docs/spark.md, Tables by name")
     p.add_argument("--metrics-listen", type=listen_address, default=None, metavar="HOST:PORT",
                    help="serve Prometheus /metrics and /healthz there (default: off; docs/metrics.md)")
     p.add_argument("--stop-timeout", type=float, default=DEFAULT_STOP_TIMEOUT_S, metavar="S",

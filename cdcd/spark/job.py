@@ -51,7 +51,9 @@ from cdcd.spark import args as arguments
 from cdcd.spark.args import DEFAULT_BUCKETS, DEFAULT_LEASE_S, FORMATS
 from cdcd.spark.failure import Failure, describe
 from cdcd.spark.formats import lakehouse_format
+from cdcd.spark.lakehouse import Lakehouse
 from cdcd.spark.lease import hold_target
+from cdcd.spark.metastore import CatalogRefused, Registrar, java_options, local_settings
 from cdcd.spark.metrics import MetricsServer, Progress
 from cdcd.spark.objtarget import PARQUET_REFUSED, open_store, spark_url
 from cdcd.spark.parquet import Parquet
@@ -61,6 +63,8 @@ from cdcd.spark.session import (
     quiet_python_loggers,
     session,
     stop_local,
+    under_spark_submit,
+    use_metastore,
     use_object_store,
 )
 from cdcd.spark.state import ConsumerState, ForeignZone, TargetLocked, TargetStore
@@ -108,7 +112,8 @@ class Consumer:
         self.stopping = False
         #: set by a stop signal: the merge in progress finishes, no other starts (the next run applies them)
         self.stop = stop if stop is not None else threading.Event()
-        self.failed: MergeFailed | None = None  # a merge of the stream failed: the loop stops and exits 1
+        self.failed: CdcdError | None = None  # a merge of the stream failed: the loop stops and exits 1
+        self.registrar: Registrar | None = None  # --register-tables: new tables get their names after the commit
         self.state: ConsumerState = self.store.recover()
         self.strategy = make_strategy(fmt, self.store, buckets)
         self.applied_events = 0
@@ -131,6 +136,9 @@ class Consumer:
             try:
                 self.apply_upto(max(landed_seqs(self.landing), default=0))
             except MergeFailed as exc:  # logged; not raised into Spark, whose report would repeat it with traces
+                self.failed = exc
+            except CatalogRefused as exc:  # the batches are committed; the name is the operator's to free
+                _log.error(str(exc))
                 self.failed = exc
 
     def apply_upto(self, upto: int) -> None:
@@ -188,6 +196,8 @@ class Consumer:
             failure.log(self.fmt)
             self.progress.failures += 1
             raise MergeFailed(failure) from exc
+        if self.registrar is not None:  # after the commit: a name is only given to a table that exists
+            self.registrar.register(applied.tables)
         took = time.monotonic() - started
         self.applied_events += applied.events
         self.applied_seconds += took
@@ -220,6 +230,7 @@ def run(
     metrics_listen: tuple[str, int] | None = None,
     stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
     lease_s: float = DEFAULT_LEASE_S,
+    register: bool = False,
 ) -> int:
     """Run the consumer; the exit code: 0 done or stopped by SIGTERM/SIGINT, 1 failed, 2 unusable arguments,
     3 stopped without finishing the merge in progress (a second signal, or ``stop_timeout`` seconds after the
@@ -228,7 +239,8 @@ def run(
     ``dedicated``: the process runs this consumer alone (``cdcd spark run``, the module, spark-submit): a local
     session it starts loads the extension of ``fmt`` only (``session.session``), the process takes SIGTERM and
     SIGINT (on the main thread), and the session and its local JVM are stopped before the target is unlocked.
-    ``metrics_listen``: (host, port) of /metrics and /healthz (``cdcd.spark.metrics``)."""
+    ``metrics_listen``: (host, port) of /metrics and /healthz (``cdcd.spark.metrics``). ``register``: the Delta
+    tables by name in the session catalog (``cdcd.spark.metastore``)."""
     if dedicated and GUARD.install():
         GUARD.limit_s = stop_timeout
         GUARD.on_force(_end_jvm_now)
@@ -247,6 +259,11 @@ def run(
         return ExitCode.USAGE
     if is_object_url(landing) or is_object_url(target):  # boto3 finds the store from the URL; Spark uses S3A
         use_object_store()
+    if register:
+        problem = _metastore_for(fmt, target)
+        if problem:
+            _log.error(problem)
+            return ExitCode.USAGE
     if not is_object_url(landing) and not landing_path.is_dir():
         _log.error(f"landing zone {landing} does not exist; point --landing at the daemon's landing.path")
         return ExitCode.USAGE
@@ -274,7 +291,8 @@ def run(
             if stop.is_set():  # before anything started: no session, no JVM, nothing written
                 _log.info("stopped before the session started")
                 return ExitCode.OK
-            return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop, dedicated)
+            return _run_locked(landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop, dedicated,
+                               register and fmt == "delta")
         finally:
             release()  # the target's lock or lease; the local JVM writes no more: it has exited
     finally:
@@ -284,19 +302,39 @@ def run(
             server.close()
 
 
+def _metastore_for(fmt: str, target: str) -> str | None:
+    """--register-tables: the session's Hive support, set before it starts; the reason when it cannot be."""
+    if fmt == "parquet":  # a Parquet mirror's buckets are swapped under its journal: a reader by name could see
+        return ("--register-tables with --format parquet: refused: a plain Parquet table over the mirror could read "
+                "a bucket while a merge swaps it; use --format delta or iceberg (docs/spark.md, Tables by name)")
+    if fmt == "iceberg":
+        _log.info("--register-tables: Iceberg tables are in the catalog cdcd already: "
+                  "spark.table('cdcd.tables.<schema>.<table>') (docs/spark.md, Tables by name)")
+        return None
+    if under_spark_submit():  # the cluster's metastore (hive-site.xml, --conf spark.hadoop.hive.metastore.uris)
+        use_metastore({"spark.sql.catalogImplementation": "hive"}, "")
+    elif is_object_url(target):
+        return (f"--register-tables with --target {target}: a local session's embedded metastore is a file under "
+                "a local target; run under spark-submit with the cluster's metastore (--conf spark.hadoop.hive."
+                "metastore.uris=thrift://HOST:9083) (docs/spark.md, Tables by name)")
+    else:
+        use_metastore(local_settings(Path(target)), java_options(Path(target)))
+    return None
+
+
 def _end_jvm_now() -> None:
     """A forced exit's step: the local JVM ended, so that nothing writes to the target once its lock is released."""
     end_local_jvm(JVM_EXIT_S)
 
 
 def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, checkpoint: str | None,
-                buckets: int, progress: Progress, stop: threading.Event, dedicated: bool) -> int:
+                buckets: int, progress: Progress, stop: threading.Event, dedicated: bool, register: bool) -> int:
     spark = session(fmt)
     if is_object_url(landing_path) or is_object_url(target_path):
         object_store_conf(spark)
     code: int = ExitCode.FAILURE
     try:
-        code = _apply(spark, landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop)
+        code = _apply(spark, landing_path, target_path, once, fmt, checkpoint, buckets, progress, stop, register)
         return code
     finally:
         if dedicated:  # the work is done: stopping the session and its JVM is bounded (``TEARDOWN_S``)
@@ -309,17 +347,21 @@ def _run_locked(landing_path: Path, target_path: Path, once: bool, fmt: str, che
 
 
 def _apply(spark: SparkSession, landing_path: Path, target_path: Path, once: bool, fmt: str,
-           checkpoint: str | None, buckets: int, progress: Progress, stop: threading.Event) -> int:
+           checkpoint: str | None, buckets: int, progress: Progress, stop: threading.Event,
+           register: bool = False) -> int:
     shown = Location.parse(landing_path).url if is_object_url(landing_path) else str(landing_path)
     _log.info("consumer starting", master=spark.sparkContext.master, landing=shown,
               target=spark_url(target_path), format=fmt, once=once)
     progress.phase = "catching up"
     try:
         consumer = Consumer(spark, landing_path, target_path, fmt, buckets, progress, stop)
+        if register:  # tables created before the option was on get their names now
+            consumer.registrar = _registrar(spark, consumer.strategy)
+            consumer.registrar.register(consumer.state.tables)
         consumer.apply_upto(max(landed_seqs(landing_path), default=0))
         if once:  # and what landed during that catch-up, as a stream would: no streaming query to start
             consumer.apply_upto(max(landed_seqs(landing_path), default=0))
-    except ForeignZone as exc:  # the arguments point at a zone and a target that do not go together
+    except (ForeignZone, CatalogRefused) as exc:  # arguments, or a catalog, that do not go with the target
         _log.error(str(exc))
         return _failed(progress, str(exc), ExitCode.USAGE)
     except MergeFailed as exc:  # logged with its table, batches and fix; the next run retries it
@@ -335,6 +377,15 @@ def _apply(spark: SparkSession, landing_path: Path, target_path: Path, once: boo
         _done(consumer)
         return ExitCode.OK
     return _stream(spark, consumer, landing_path, checkpoint or spark_url(target_path, "checkpoint"))
+
+
+def _registrar(spark: SparkSession, strategy: TableFormat) -> Registrar:
+    implementation = spark.conf.get("spark.sql.catalogImplementation", None)
+    if implementation != "hive" or not isinstance(strategy, Lakehouse):
+        raise CatalogRefused(f"--register-tables: the session's catalog is {implementation!r}, not a Hive "
+                             "metastore: start spark-submit with --conf spark.sql.catalogImplementation=hive (or "
+                             "without a --conf that sets it otherwise) (docs/spark.md, Tables by name)")
+    return Registrar(spark, strategy)
 
 
 def _failed(progress: Progress, reason: str, code: int) -> int:
@@ -416,7 +467,8 @@ def run_args(args: argparse.Namespace) -> int:
     configure(args.log_level, args.log_format)
     os.environ["CDCD_DELTA_READERS"] = args.delta_readers  # read where the Delta target is made (cdcd.spark.delta)
     return run(args.landing, args.target, args.once, args.format, args.checkpoint, args.buckets, dedicated=True,
-               metrics_listen=args.metrics_listen, stop_timeout=args.stop_timeout, lease_s=args.lease_seconds)
+               metrics_listen=args.metrics_listen, stop_timeout=args.stop_timeout, lease_s=args.lease_seconds,
+               register=args.register_tables)
 
 
 def main(argv: list[str] | None = None) -> int:

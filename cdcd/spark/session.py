@@ -91,11 +91,24 @@ def _submitted_session(fmt: str) -> None:
         elif have:
             v = have
         builder = builder.config(k, v)
+    if _metastore and not conf.contains("spark.sql.catalogImplementation"):
+        builder = builder.config("spark.sql.catalogImplementation", "hive")
     builder.getOrCreate()
 
 
 #: S3A for an object-store landing zone: ``use_object_store`` sets it before the session starts.
 _object_store: list[bool] = [False]
+#: Tables by name (``use_metastore``): the settings of a local session's Hive metastore, and its JVM flags.
+_metastore: dict[str, str] = {}
+_metastore_java: list[str] = []
+
+
+def use_metastore(settings: dict[str, str], java_options: str) -> None:
+    """Start the session with Hive support (``cdcd.spark.metastore``): a local session with ``settings`` (its
+    embedded metastore); under spark-submit only ``spark.sql.catalogImplementation=hive`` where --conf did not
+    set it: the cluster's metastore settings stand. Static settings: called before the session starts."""
+    _metastore.update(settings)
+    _metastore_java[:] = [java_options]
 
 
 def use_object_store() -> None:
@@ -318,7 +331,9 @@ def session(fmt: str = "parquet", only: bool = False) -> SparkSession:
         # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
         settings = {"spark.master": "local[2]", "spark.app.name": APP_NAME, "spark.ui.enabled": "false",
                     "spark.sql.shuffle.partitions": "4", "spark.sql.warehouse.dir": warehouse_dir(),
-                    **local_settings(fmt if only else None, _object_store[0]), **large_row_settings()}
+                    **local_settings(fmt if only else None, _object_store[0]), **large_row_settings(), **_metastore}
+        if _metastore_java:
+            settings["spark.driver.extraJavaOptions"] += " " + _metastore_java[0]
         _start_jvm(settings)
         for k, v in settings.items():
             builder = builder.config(k, v)
