@@ -87,16 +87,22 @@ def test_delta_tables_by_name_in_another_process(tmp_path: Path, spark: SparkSes
     assert not (tmp_path / "derby.log").exists() and not (tmp_path / "metastore_db").exists()
 
 
-def test_register_tables_refused_for_parquet(tmp_path: Path) -> None:
-    """A Parquet mirror's buckets are swapped under its journal: no name over it, refused before any JVM."""
-    landing, target = tmp_path / "landing", tmp_path / "target"
+@pytest.mark.parametrize(("fmt", "target", "refusal"), [
+    # a Parquet mirror's buckets are swapped under its journal: no name over it
+    ("parquet", "target", "--register-tables with --format parquet: refused"),
+    # a local session's Derby file would be on one host: the cluster's metastore under spark-submit
+    ("delta", "s3a://bucket/target", "run under spark-submit with the cluster's metastore"),
+])
+def test_register_tables_refused_before_any_jvm(tmp_path: Path, fmt: str, target: str, refusal: str) -> None:
+    landing = tmp_path / "landing"
     landing.mkdir()
-    done = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(target), "--once",
-                           "--format", "parquet"], capture_output=True, text=True, timeout=300,
+    where = target if "://" in target else str(tmp_path / target)
+    done = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", where, "--once",
+                           "--format", fmt], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CDCD_SPARK_REGISTER_TABLES": "true"})
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "--register-tables with --format parquet: refused" in done.stderr
-    assert not target.exists()
+    assert refusal in done.stderr and "Tables by name" in done.stderr
+    assert not (tmp_path / "target").exists()
 
 
 def test_iceberg_tables_by_name(tmp_path: Path, spark: SparkSession) -> None:
