@@ -145,8 +145,10 @@ _JVM_MARK = "cdcd-jvm"
 _JVM_LEVELS = {"TRACE": "debug", "DEBUG": "debug", "INFO": "info", "WARN": "warning", "ERROR": "error",
                "FATAL": "error"}
 #: What the JVM and Spark print at start outside log4j (Spark: a PySpark JVM counts as its shell): debug lines.
+#: What the JVM prints around Spark's own log, shown at debug only. ``SLF4J:``: a library of the object-store jars
+#: finds no SLF4J binding and says so in three lines; its messages then go nowhere, nothing failed.
 _JVM_NOTICES = re.compile(r"^(WARNING: Using incubator modules|Picked up (JAVA_TOOL|_JAVA)_OPTIONS|Setting default "
-                          r"log level to|To adjust logging level use sc.setLogLevel)")
+                          r"log level to|To adjust logging level use sc.setLogLevel|SLF4J: )")
 #: PySpark's own loggers of the SQL errors it converts (their own JSON handler, before the job reports the error).
 _PYSPARK_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
 _files: dict[str, str] = {}
