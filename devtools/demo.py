@@ -116,6 +116,24 @@ class Pipeline:
     def landing(self) -> str:
         return f"s3://{BUCKET}/{self.name}/landing" if self.s3 else str(self.dir / "landing")
 
+    @property
+    def target(self) -> str:
+        """Where the consumer keeps the tables: beside the landing zone (--object-store: on the S3 server)."""
+        return f"s3a://{BUCKET}/{self.name}/target" if self.s3 else str(self.dir / "target")
+
+    def store_env(self) -> dict[str, str]:
+        """The environment of a command that reads the store: its endpoint and keys where boto3 and S3A look."""
+        if self.s3 is None:
+            return dict(os.environ)
+        return {**os.environ, "AWS_ENDPOINT_URL": self.s3.endpoint, "AWS_REGION": self.s3.region,
+                "AWS_ACCESS_KEY_ID": self.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.s3.secret_key}
+
+    def keep_tables(self) -> None:
+        """--object-store: a copy of the tables in the demo's directory, as files (the S3 server's posix backend
+        keeps an object as a file at its key), so that they can be read after the server is gone."""
+        if self.s3 is not None:
+            shutil.copytree(self.s3.root / "data" / BUCKET / self.name / "target", self.dir / "target")
+
     def landing_lines(self) -> list[str]:
         lines = ["[landing]", f'path = "{self.landing}"', "max_batch_events = 2000", "max_batch_delay_ms = 200"]
         if self.s3:
@@ -157,11 +175,11 @@ def say(text: str) -> None:
     print(f"demo: {text}", flush=True)
 
 
-def run_cli(*args: str, log: Path | None = None, timeout: float = 600) -> int:
+def run_cli(*args: str, log: Path | None = None, timeout: float = 600, env: dict[str, str] | None = None) -> int:
     out = open(log, "ab") if log else None  # noqa: SIM115 - closed below
     try:
         return subprocess.run([CDCD, *args], stdout=out, stderr=subprocess.STDOUT if out else None,
-                              timeout=timeout).returncode
+                              timeout=timeout, env=env).returncode
     finally:
         if out:
             out.close()
@@ -222,12 +240,9 @@ def start_object_store(work: Path, spark: bool, servers: list[Any]) -> S3Server:
 def submit_to_cluster(p: Pipeline, cluster: SparkCluster) -> int:
     """The consumer on the cluster with spark-submit (docs/spark.md, Object storage): the store's endpoint and
     keys in the environment, where the landing reader and Spark's S3A find them."""
-    assert p.s3 is not None
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "AWS_ENDPOINT_URL": p.s3.endpoint, "AWS_REGION": p.s3.region, "AWS_ACCESS_KEY_ID": p.s3.access_key,
-           "AWS_SECRET_ACCESS_KEY": p.s3.secret_key}
+    env = {**p.store_env(), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     with open(p.dir / "spark.log", "wb") as log:
-        return subprocess.run(cluster.submit_command(p.landing, str(p.dir / "target"), name=f"cdcd-{p.name}"),
+        return subprocess.run(cluster.submit_command(p.landing, p.target, name=f"cdcd-{p.name}"),
                               stdout=log, stderr=subprocess.STDOUT, env=env, timeout=900).returncode
 
 
@@ -289,11 +304,12 @@ def run_demo(work: Path, workload_s: float, spark: bool, object_store: bool = Fa
                 return 1
         if spark and cluster is not None:
             say(f"spark-submit --master {cluster.url}: the consumer merges both landing zones on the S3 server "
-                "into Delta Lake tables")
+                "into Delta Lake tables on the same server")
             for p in pipelines:
                 p.spark_code = submit_to_cluster(p, cluster)
-                say(f"{p.name}: spark exit {p.spark_code}; cdcd verify")
-                p.verify_code = run_cli("verify", "-c", str(p.config), "--target", str(p.dir / "target"))
+                say(f"{p.name}: spark exit {p.spark_code}; cdcd verify --target {p.target}")
+                p.verify_code = run_cli("verify", "-c", str(p.config), "--target", p.target, env=p.store_env())
+                p.keep_tables()
         elif spark:
             say("cdcd spark run --once --format delta for both landing zones (Spark merges the landed batches "
                 "into Delta Lake tables)")
@@ -332,13 +348,15 @@ def summary(pipelines: list[Pipeline], work: Path) -> None:
               f"verify {'-' if p.verify_code is None else ('ok' if p.verify_code == 0 else 'DRIFT/FAILED')}")
     print(f"\nwhere to look ({work}):")
     for p in pipelines:
+        kept = f" (kept as files in {p.dir / 'target' / 'tables'})" if p.s3 else ""
         print(f"  {p.name}: config {p.config}, daemon log {p.dir / 'cdcd.log'}, landing zone {p.landing}, "
-              f"Delta Lake mirrors {p.dir / 'target' / 'tables'}")
+              f"Delta Lake mirrors {p.target}/tables{kept}")
     print('  read a mirror: spark.read.format("delta").load("<mirrors>/<schema>.<table>") in a session with the '
           "Delta jars (docs/spark.md)")
     if any(p.s3 for p in pipelines):
-        print("  the landing zones were on the throwaway S3 server and the consumer ran on the throwaway Spark "
-              "cluster, both stopped at the end (the landing zones go with the server; the tables stay)")
+        print("  the landing zones and the tables were on the throwaway S3 server and the consumer ran on the "
+              "throwaway Spark cluster, both stopped at the end (the landing zones go with the server; the tables "
+              "were copied out first)")
     print("  cdcd checkpoint list -c <config> shows the checkpoints; docs/operations.md explains the rest\n")
 
 

@@ -1,5 +1,5 @@
-"""scripts/demo.sh runs to completion and leaves no process behind; with --object-store too (the landing zones on
-a throwaway S3 server, the consumer on a throwaway Spark standalone cluster)."""
+"""scripts/demo.sh runs to completion and leaves no process behind; with --object-store too (the landing zones and
+the tables on a throwaway S3 server, the consumer on a throwaway Spark standalone cluster)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.timeout(900)  # the object-store demo took 5 min alone, and over the suite's 600 s beside other runs
 @pytest.mark.parametrize("extra", [[], ["--object-store"]], ids=["local", "object-store"])
 def test_demo_runs_and_leaves_nothing_running(extra: list[str]) -> None:
     # Every temporary directory of the demo (servers, daemons, Spark) lands under one directory that the
@@ -34,6 +35,8 @@ def test_demo_runs_and_leaves_nothing_running(extra: list[str]) -> None:
         assert (work / "cdc-password").stat().st_mode & 0o777 == 0o600
         for name in ("postgres", "mariadb"):
             assert 'user = "cdc"' in (work / name / "cdcd.toml").read_text()
+            # the tables are in the demo's directory after it (--object-store: copied from the S3 server)
+            assert any((work / name / "target" / "tables").glob("*.orders/_delta_log/*.json")), name
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -46,4 +49,5 @@ def test_demo_runs_and_leaves_nothing_running(extra: list[str]) -> None:
         assert "spark-submit --master spark://127.0.0.1:" in out
         for name in ("postgres", "mariadb"):
             assert f"landing zone s3://cdcd-demo/{name}/landing" in out
+            assert f"Delta Lake mirrors s3a://cdcd-demo/{name}/target/tables" in out
     assert leftovers == []
