@@ -325,7 +325,9 @@ async def test_cli_without_the_jars_exits_2(tmp_path: Path, fmt: str, package: s
                            "--format", fmt], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "is not on Spark's classpath" in done.stderr and package in done.stderr
-    assert not target.exists()  # nothing was written
+    # nothing was written but the consumer's lock file (taken before the session starts, so that a second
+    # consumer is refused before its JVM)
+    assert sorted(p.name for p in target.rglob("*")) == ["consumer.lock", "state"]
 
 
 async def test_facts_from_the_landed_files_are_the_spark_aggregates(spark: SparkSession, tmp_path: Path) -> None:
