@@ -12,47 +12,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.s3 import client, keys
+from support.s3 import client, keys, pg_daemon_config
 from support.waits import wait_for
 
 from cdcd.landing import reader
 from cdcd.landing.objstore import Settings
-from devtools.servers import PostgresServer, S3Server, SparkCluster, free_port
+from devtools.servers import PostgresServer, S3Server, SparkCluster
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 SPARK_SUBMIT = str(Path(sys.executable).with_name("spark-submit"))
 
 
 def daemon_config(tmp_path: Path, pg: PostgresServer, db: str, landing: str, s3: S3Server) -> Path:
-    cfg = tmp_path / "cdcd.toml"
-    secret = tmp_path / "s3-secret"
-    secret.write_text(s3.secret_key + "\n")
-    cfg.write_text(f"""[source]
-kind = "postgres"
-port = {pg.port}
-user = "postgres"
-database = "{db}"
-tables = ["public.orders"]
-[source.postgres]
-slot = "s_{db}"
-publication = "p_{db}"
-[state]
-path = "{tmp_path / 'state'}"
-[landing]
-path = "{landing}"
-max_batch_events = 50
-max_batch_delay_ms = 50
-[landing.s3]
-endpoint = "{s3.endpoint}"
-region = "{s3.region}"
-access_key_id = "{s3.access_key}"
-secret_access_key_file = "{secret}"
-[http]
-listen = "127.0.0.1:{free_port()}"
-[log]
-format = "json"
-""")
-    return cfg
+    return pg_daemon_config(tmp_path, pg, db, landing, s3, ["public.orders"], 50)
 
 
 def landed_ids(landing: str) -> set[int]:

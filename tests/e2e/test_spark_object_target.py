@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.s3 import client, keys
+from support.s3 import client, keys, pg_daemon_config
 from support.waits import wait_for
 
 from cdcd.landing import reader
 from cdcd.landing.objstore import Settings
-from devtools.servers import PostgresServer, S3Server, free_port
+from devtools.servers import PostgresServer, S3Server
 
 pytestmark = [pytest.mark.spark]
 CDCD = str(Path(sys.executable).with_name("cdcd"))
@@ -40,35 +40,7 @@ def s3_env(s3_server: S3Server) -> Iterator[dict[str, str]]:
 
 
 def daemon_config(tmp_path: Path, pg: PostgresServer, db: str, landing: str, s3: S3Server) -> Path:
-    cfg = tmp_path / "cdcd.toml"
-    secret = tmp_path / "s3-secret"
-    secret.write_text(s3.secret_key + "\n")
-    cfg.write_text(f"""[source]
-kind = "postgres"
-port = {pg.port}
-user = "postgres"
-database = "{db}"
-tables = ["public.orders", "public.items"]
-[source.postgres]
-slot = "s_{db}"
-publication = "p_{db}"
-[state]
-path = "{tmp_path / 'state'}"
-[landing]
-path = "{landing}"
-max_batch_events = 500
-max_batch_delay_ms = 50
-[landing.s3]
-endpoint = "{s3.endpoint}"
-region = "{s3.region}"
-access_key_id = "{s3.access_key}"
-secret_access_key_file = "{secret}"
-[http]
-listen = "127.0.0.1:{free_port()}"
-[log]
-format = "json"
-""")
-    return cfg
+    return pg_daemon_config(tmp_path, pg, db, landing, s3, ["public.orders", "public.items"], 500)
 
 
 def landed_ids(landing: str) -> set[int]:
