@@ -304,21 +304,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     config = _config(args, connects=True)
     _quiet_logging(config)
     verify = importlib.import_module("cdcd.verify").verify
-    try:
+    with importlib.import_module("cdcd.verify.mirror").spark_ended_after():
         return int(verify(config, args.target, tables=args.table, settle_timeout_s=args.settle_timeout))
-    finally:
-        importlib.import_module("cdcd.verify.mirror").end_spark()
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
     config = _config(args, connects=True)
     _quiet_logging(config)
     repair = importlib.import_module("cdcd.repair").repair
-    try:
+    with importlib.import_module("cdcd.verify.mirror").spark_ended_after():
         return int(repair(config, args.target, tables=args.table, dry_run=args.dry_run,
                           settle_timeout_s=args.settle_timeout, wait_timeout_s=args.wait_timeout))
-    finally:
-        importlib.import_module("cdcd.verify.mirror").end_spark()
 
 
 # -- parser ----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ session and catalog settings (the format's strategy, ``cdcd.spark.formats``), im
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +76,29 @@ def read_mirror(target: Path, table: str, columns: list[SourceColumn]) -> list[l
     return [] if data is None else arrow_rows(data, columns)
 
 
-def end_spark() -> None:
-    """Stop the Spark session that reading a mirror started and end its local JVM, bounded: the command then
-    leaves nothing running when it returns (the JVM would otherwise exit only after this process, on its own)."""
-    if "pyspark" not in sys.modules:  # a Parquet target: no Spark was started
-        return
+def spark_running() -> bool:
+    """A Spark session of this process is running (its caller's: a notebook, a test's shared session)."""
+    if "pyspark" not in sys.modules:
+        return False
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is not None
+
+
+@contextlib.contextmanager
+def spark_ended_after() -> Iterator[None]:
+    """Reading Delta Lake or Iceberg mirrors inside may start a Spark session: it is stopped at the end and its
+    local JVM ended (bounded), so the command leaves nothing running when it returns (the JVM would otherwise
+    exit only after this process, on its own). A session that ran before is its caller's and is left running."""
+    ours = not spark_running()
+    try:
+        yield
+    finally:
+        if ours and spark_running():
+            _end_spark()
+
+
+def _end_spark() -> None:
     from pyspark.sql import SparkSession
 
     from cdcd.spark.session import stop_local

@@ -181,8 +181,12 @@ def test_verify_connects_with_the_sources_tls_settings(tmp_path: Path) -> None:
 
 
 def test_verify_table_option_on_the_command_line(pg_server: PostgresServer, pg_db: str, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """`cdcd verify --table` compares only the tables named (repeatable); a name not captured is exit 2."""
+                                                 capsys: pytest.CaptureFixture[str], spark: object) -> None:
+    """`cdcd verify --table` compares only the tables named (repeatable); a name not captured is exit 2.
+
+    Run in-process beside a running Spark session (the worker's, ``spark``), the command leaves that session and
+    its JVM running: it ends only a session it started (its caller's notebook or test goes on; the fixture's
+    teardown fails the test if the JVM was ended)."""
     from cdcd.cli import main
 
     pg_server.psql("CREATE TABLE a (k int PRIMARY KEY); CREATE TABLE b (k int PRIMARY KEY);"

@@ -25,14 +25,37 @@ def _stopped(spark: SparkSession) -> bool:
     return spark.sparkContext._jsc is None  # SparkContext.stop() drops it
 
 
+def _jvm_ended() -> bool:
+    """The worker's local JVM exited or was told to (its stdin closed: ``cdcd.spark.session.end_local_jvm``)."""
+    from cdcd.spark.session import local_jvm
+
+    proc = local_jvm()
+    return proc is not None and (proc.poll() is not None or (proc.stdin is not None and proc.stdin.closed))
+
+
+def _forget_jvm() -> None:
+    """Drop PySpark's references to an ended JVM, so that the next session starts a new one (PySpark reuses its
+    gateway while it is set, and every call through a dead one fails: "... does not exist in the JVM")."""
+    from pyspark import SparkContext
+
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+
+
 class SharedSession:
-    """The worker's local session: started at the first ``get``, again if a test stopped it."""
+    """The worker's local session: started at the first ``get``, again if a test stopped it or its JVM."""
 
     def __init__(self) -> None:
         self._spark: SparkSession | None = None
         self._settings: dict[str, str] = {}
 
     def get(self) -> SparkSession:
+        if _jvm_ended():
+            _forget_jvm()
+            self._spark = None
         if self._spark is None or _stopped(self._spark):
             from cdcd.spark.session import session
 
@@ -43,6 +66,12 @@ class SharedSession:
     def reset(self) -> None:
         """Put the session back as it was started; raises when the test left a table in its catalog."""
         spark = self._spark
+        if spark is not None and _jvm_ended():
+            _forget_jvm()
+            self._spark = None
+            raise AssertionError("the test ended the worker's Spark JVM, which the Spark tests share: the code under "
+                                 "test stopped a session it did not start (tests/support/spark.py); the next test "
+                                 "starts a new JVM")
         if spark is None or _stopped(spark):
             return
         now = dict(spark.conf.getAll)
