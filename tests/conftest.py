@@ -59,7 +59,7 @@ SLOWEST_FIRST = (
     "test_pg_types_exact.py", "test_mysql_types_exact.py", "test_daemon_lifecycle.py", "test_mysql_crash.py",
     "test_postgres_crash.py", "test_runtime_checkpoint_order.py", "test_spark_s3a.py", "test_spark_submit.py",
     "test_spark_follow.py", "test_spark_delta_readers.py", "test_spark_metastore.py",
-    "test_postgres_server_stop.py", "test_pg_failover.py",
+    "test_postgres_server_stop.py", "test_pg_failover.py", "test_spark_store_faults.py",
 )
 
 

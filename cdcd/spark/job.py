@@ -59,6 +59,7 @@ from cdcd.spark.objtarget import PARQUET_REFUSED, open_store, spark_url
 from cdcd.spark.parquet import Parquet
 from cdcd.spark.session import (
     end_local_jvm,
+    halt_jvm,
     object_store_conf,
     quiet_python_loggers,
     session,
@@ -192,7 +193,7 @@ class Consumer:
             for seq, _ in batches:
                 mark_consumed(self.landing, seq)
         except Exception as exc:
-            failure = describe(exc, self.landing, self.store.target, self.fmt, batches)
+            failure = describe(self._lease_lost() or exc, self.landing, self.store.target, self.fmt, batches)
             failure.log(self.fmt)
             self.progress.failures += 1
             raise MergeFailed(failure) from exc
@@ -217,6 +218,16 @@ class Consumer:
                                    for t, s in self.state.tables.items()}}
         p.applied_created_at = batches[-1][1].created_at
         p.applied_seq = self.state.applied_seq
+
+
+    def _lease_lost(self) -> TargetLocked | None:
+        """The lease's loss, when that ended the merge: the lease fenced the JVM (``lease.Lease.fence``), and the
+        JVM's dropped connection is only its consequence."""
+        try:
+            self.store.guard()
+        except TargetLocked as exc:
+            return exc
+        return None
 
 
 def run(
@@ -278,7 +289,7 @@ def run(
             return ExitCode.USAGE
     try:
         try:  # before the session starts: a consumer refused here costs no JVM
-            release = hold_target(target_path, lease_s)
+            release = hold_target(target_path, lease_s, on_lost=halt_jvm)
         except CdcdError as exc:  # held by another consumer (2), or its store refused or unreachable (1)
             _log.error(str(exc))
             return ExitCode.USAGE if isinstance(exc, TargetLocked) else ExitCode.FAILURE

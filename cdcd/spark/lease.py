@@ -9,6 +9,12 @@ lease, and a second consumer is refused while the newest generation has not expi
 overwrite, so the stores that honour ``If-None-Match`` on PUT (AWS S3, versitygw, MinIO) are enough; no
 ``If-Match``. The expiry (``--lease-seconds``) bounds how long a crashed consumer keeps the target; clocks of the
 hosts must agree within a small part of it.
+
+A lease alone does not stop a write already under way: a merge that began while the lease held can commit
+minutes later, once S3A's retries succeed, after another consumer took the lease over. So the holder fences
+itself: a watchdog calls ``on_lost`` (the job halts its Spark JVM: ``cdcd.spark.session.halt_jvm``) the moment
+the lease is lost, or its expiry comes before a renewal succeeded, whatever the renewal is waiting for. Since the
+holder's expiry is measured from before its renewal was sent, it comes no later than the one others read.
 """
 
 from __future__ import annotations
@@ -75,8 +81,12 @@ class Lease:
         self.generation = -1
         self.valid_until = 0.0  # monotonic: the lease holds until then unless renewed
         self.lost: str | None = None
+        #: Called once, from the lease's threads, when the lease is lost or expires unrenewed (``fence``).
+        self.on_lost: Callable[[], None] | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._fenced = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._last_error = "none: the store did not answer in time"
 
     def _newest(self) -> tuple[int, Holder | None]:
         gens = sorted(int(e.name) for e in self.store.listdir(LEASE_DIR) if e.name.isdigit())
@@ -114,24 +124,41 @@ class Lease:
             _log.warning("took over the target's expired lease", target=self.target, previous=holder.describe())
         self._prune()
         _HELD[self.target] = self
-        self._thread = threading.Thread(target=self._renew_loop, name="cdcd-target-lease", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._renew_loop, name="cdcd-target-lease", daemon=True),
+                         threading.Thread(target=self._watch_expiry, name="cdcd-target-lease-expiry", daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.seconds / 3):
+        while not self._stop.wait(self.seconds / 3) and self.lost is None:
             try:
                 self.renew()
             except LeaseLost as exc:
-                self.lost = str(exc)
-                _log.error("the target's lease is lost", target=self.target, error=str(exc))
+                self.fence(str(exc))
                 return
-            except SinkError as exc:  # the store unreachable for now: the next round tries again
+            except SinkError as exc:  # the store unreachable for now: the next round tries, the watchdog fences
+                self._last_error = str(exc)
                 _log.warning("renewing the target's lease failed", target=self.target, error=str(exc))
-                if time.monotonic() >= self.valid_until:
-                    self.lost = (f"target {self.target}: the lease was not renewed within {self.seconds:g} s "
-                                 f"(--lease-seconds; last error: {exc}); another consumer may take it")
-                    _log.error("the target's lease expired", target=self.target, error=str(exc))
-                    return
+
+    def _watch_expiry(self) -> None:
+        """Fence at the expiry unless a renewal moved it (a renewal may hang on the store for longer)."""
+        while not self._stop.is_set() and self.lost is None:
+            left = self.valid_until - time.monotonic()
+            if left <= 0:
+                self.fence(f"target {self.target}: the lease was not renewed within {self.seconds:g} s "
+                           f"(--lease-seconds; last error: {self._last_error}); another consumer may take it")
+                return
+            self._stop.wait(left)
+
+    def fence(self, why: str) -> None:
+        """The lease is lost: nothing more may be committed; ``on_lost`` stops what may still be writing."""
+        with self._fenced:
+            if self.lost is not None:
+                return
+            self.lost = why
+        _log.error("the target's lease is lost: this consumer stops writing to it", target=self.target, error=why)
+        if self.on_lost is not None:
+            self.on_lost()
 
     def renew(self) -> None:
         """Create the next generation; LeaseLost when another consumer created it first."""
@@ -150,15 +177,15 @@ class Lease:
         if self.lost is None and time.monotonic() >= self.valid_until:
             self.lost = f"target {self.target}: the lease expired before the commit (--lease-seconds {self.seconds:g})"
         if self.lost is not None:
-            raise LeaseLost(f"{self.lost}. Nothing more is committed; start the consumer again once the other one "
-                            "stopped (one consumer per target)")
+            raise LeaseLost(f"{self.lost}. Nothing more is committed; start the consumer again once the store "
+                            "answers, or the other consumer stopped (one consumer per target)")
 
     def release(self) -> None:
         """Stop renewing and hand the target back at once (a released generation), when still held."""
         self._stop.set()
         _HELD.pop(self.target, None)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        for thread in self._threads:
+            thread.join(timeout=30)
         if self.lost is None and self.generation >= 0:
             try:
                 gen, holder = self._newest()
@@ -185,12 +212,15 @@ def check_held(url: str) -> None:
     lease.check()
 
 
-def hold_target(target: Path, seconds: float = DEFAULT_LEASE_S) -> Callable[[], None]:
+def hold_target(target: Path, seconds: float = DEFAULT_LEASE_S,
+                on_lost: Callable[[], None] | None = None) -> Callable[[], None]:
     """Take the target for this consumer (flock on a file system, the lease on object storage) and return what
-    gives it back; TargetLocked when another consumer has it."""
+    gives it back; TargetLocked when another consumer has it. ``on_lost``: what stops this process's writes the
+    moment a lease is lost (``Lease.fence``); a lock is held until the process ends."""
     if not is_object_url(target):
         fd = lock_target(target)
         return lambda: os.close(fd)
     lease = Lease(target, seconds)
+    lease.on_lost = on_lost
     lease.acquire()
     return lease.release

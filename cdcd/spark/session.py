@@ -65,15 +65,16 @@ def under_spark_submit() -> bool:
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
 
 
-def large_row_settings() -> dict[str, str]:
+def large_row_settings(cds_archive: bool = True) -> dict[str, str]:
     """Local-session settings that let one row hold a value of tens of MB (docs/spark.md, memory).
 
     The JVM heap is fixed when the local session starts: ``CDCD_SPARK_DRIVER_MEMORY`` (default 2g,
     Spark's own default of 1g runs out on a 51 MB value). Under spark-submit, pass them as --conf.
     The JVM's flags too (``CDCD_SPARK_JAVA_OPTIONS``, default ``JAVA_OPTIONS``), and the class-data
-    sharing archive when the bootstrap built one (``cdcd.spark.cds``).
+    sharing archive when the bootstrap built one (``cdcd.spark.cds``) and ``cds_archive``.
     """
-    flags = " ".join(f for f in (os.environ.get("CDCD_SPARK_JAVA_OPTIONS", JAVA_OPTIONS), cds.java_options()) if f)
+    archive = cds.java_options() if cds_archive else ""
+    flags = " ".join(f for f in (os.environ.get("CDCD_SPARK_JAVA_OPTIONS", JAVA_OPTIONS), archive) if f)
     return {"spark.driver.memory": os.environ.get("CDCD_SPARK_DRIVER_MEMORY", "2g"),
             "spark.kryoserializer.buffer.max": "1g",
             "spark.driver.extraJavaOptions": flags}
@@ -282,6 +283,23 @@ def end_local_jvm(wait_s: float) -> int | None:
         return proc.wait(wait_s)
 
 
+def halt_jvm() -> None:
+    """End this process's Spark JVM at once, whatever it is doing: the consumer lost the target (its lease,
+    ``cdcd.spark.lease``) and nothing it still has under way may commit. A local JVM is killed; under spark-submit
+    the driver's JVM halts (``Runtime.halt``: no shutdown hooks), which ends this process's gateway too. The
+    merge in progress then fails, and the consumer exits with the failure code."""
+    local = local_jvm()
+    if local is not None:
+        _log.error("the Spark JVM is killed: the consumer lost its target", pid=local.pid)
+        local.kill()
+        return
+    if SparkContext._jvm is None:  # no session started yet: nothing writes
+        return
+    _log.error("the Spark driver's JVM is halted: the consumer lost its target")
+    with contextlib.suppress(Exception):  # the gateway's connection ends with the JVM
+        SparkContext._jvm.java.lang.Runtime.getRuntime().halt(1)
+
+
 def stop_local(spark: SparkSession, wait_s: float) -> None:
     """Stop the session and end its local JVM (``end_local_jvm``); under spark-submit, the session only.
 
@@ -333,7 +351,10 @@ def session(fmt: str = "parquet", only: bool = False) -> SparkSession:
         # the cached Delta Lake / Iceberg jars (cdcd/spark/jars.py) and the heap for large rows
         settings = {"spark.master": "local[2]", "spark.app.name": APP_NAME, "spark.ui.enabled": "false",
                     "spark.sql.shuffle.partitions": "4", "spark.sql.warehouse.dir": warehouse_dir(),
-                    **local_settings(fmt if only else None, _object_store[0]), **large_row_settings(), **_metastore}
+                    **local_settings(fmt if only else None, _object_store[0]),
+                    # the archive holds the class path of its training run: with S3A's jars the JVM refuses it
+                    # and says so at warning level
+                    **large_row_settings(cds_archive=not _object_store[0]), **_metastore}
         if _metastore_java:
             settings["spark.driver.extraJavaOptions"] += " " + _metastore_java[0]
         _start_jvm(settings)

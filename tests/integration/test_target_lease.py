@@ -1,6 +1,7 @@
 """The consumer's lease on a target on object storage (cdcd.spark.lease) and its commit record
 (cdcd.spark.objtarget), against the real S3 server: one holder at a time, renewed while held, free after a
-release at once and after an expiry, a holder that lost it refused at its next commit."""
+release at once and after an expiry, a holder that lost it refused at its next commit, a holder whose store
+went silent fenced at its expiry."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faultproxy import FaultProxy
 from support.s3 import keys
 from support.waits import wait_for
 
@@ -55,8 +58,8 @@ def test_one_holder_renewal_release_expiry_and_a_lost_lease(s3_env: dict[str, st
 
     # a holder that stops renewing (a paused process; a killed one is the e2e test's): free after its expiry
     second._stop.set()
-    assert second._thread is not None
-    second._thread.join(timeout=10)
+    for thread in second._threads:
+        thread.join(timeout=10)
     third = Lease(target, seconds=1.5)
     wait_for("the lease to expire", lambda: _acquired(third), 20)
     with pytest.raises(LeaseLost, match="another consumer took the lease"):
@@ -70,6 +73,27 @@ def test_one_holder_renewal_release_expiry_and_a_lost_lease(s3_env: dict[str, st
     third.release()
     # the generations are pruned: a handful of objects, not one per renewal
     assert len(keys(s3_server, s3_bucket, "target/state/lease/")) <= 5
+
+
+def test_a_holder_whose_store_goes_silent_fences_itself_at_its_expiry(
+        s3_env: dict[str, str], s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store stops answering (new connections refused, open ones silent): the renewal hangs on the store, yet
+    the holder's watchdog calls ``on_lost`` at the lease's expiry (the job halts its Spark JVM there), and the
+    holder refuses to commit from then on."""
+    with FaultProxy(s3_server.port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+        lease = Lease(f"s3://{s3_bucket}/silent", seconds=1.5)
+        fenced = threading.Event()
+        lease.on_lost = fenced.set
+        lease.acquire()
+        proxy.refuse(120)
+        proxy.blackhole()
+        wait_for("the lease's watchdog fencing the holder", fenced.is_set, 30)
+        assert lease.lost is not None and "the lease was not renewed within 1.5 s" in lease.lost
+        with pytest.raises(LeaseLost, match="Nothing more is committed"):
+            lease.check()
+        proxy.refuse(0)
+        lease.release()  # lost: nothing is handed back, the generation expires on its own
 
 
 def _acquired(lease: Lease) -> bool:
