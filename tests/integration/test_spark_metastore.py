@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,16 @@ def test_delta_tables_by_name_in_another_process(tmp_path: Path, spark: SparkSes
     # the embedded metastore lives under the target, not in the working directory
     assert (target / "state" / "metastore" / "metastore_db").is_dir()
     assert not (tmp_path / "derby.log").exists() and not (tmp_path / "metastore_db").exists()
+
+    # the target copied elsewhere, its metastore with it: the names point at the original, so the consumer's run
+    # on the copy is refused with the usage exit code before a merge, naming both locations
+    moved = tmp_path / "moved"
+    shutil.copytree(target, moved)
+    clash = subprocess.run([CDCD, "spark", "run", "--landing", str(landing), "--target", str(moved), "--once",
+                            "--register-tables"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert clash.returncode == 2, clash.stderr[-3000:]
+    assert str(target / "tables" / "public.") in clash.stderr and str(moved / "tables" / "public.") in clash.stderr
+    assert "never re-points or drops a table it did not register" in clash.stderr
 
 
 @pytest.mark.parametrize(("fmt", "target", "refusal"), [
