@@ -6,8 +6,9 @@ streaming while a workload writes), stops them, runs the Spark consumer
 once per landing zone and `cdcd verify`, prints a summary and stops
 everything it started. Files stay in the work directory for a look.
 
-``--object-store``: the landing zones on a throwaway S3 server (versitygw) and the consumer submitted to a
-throwaway Spark standalone cluster (a master and a worker) with spark-submit; the tables stay on local disk.
+``--object-store``: the landing zones and the tables on a throwaway S3 server (versitygw) and the consumer
+submitted to a throwaway Spark standalone cluster (a master and a worker) with spark-submit; `cdcd verify` reads
+the tables there, and they are copied into the work directory before the server stops.
 """
 
 from __future__ import annotations
