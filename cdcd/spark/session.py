@@ -159,11 +159,24 @@ def _verbose() -> bool:
     return get_level() == "debug"
 
 
+class _Py4jOnRootLogger(logging.Filter):
+    """py4j logs some lines through the root logger, not its own: ``logging.exception("Exception while sending
+    command.")`` when a call (a Java object's release at garbage collection, say) finds the JVM gone. They are
+    shown at debug only: the consumer reports a failure itself, with its table, batches and fix."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _verbose() or f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
 def quiet_python_loggers() -> None:
-    """py4j (a line per connection it closes) and PySpark's error loggers: ERROR and up, unless cdcd logs at debug."""
+    """py4j (a line per connection it closes) and PySpark's error loggers: ERROR and up, unless cdcd logs at debug;
+    py4j's lines on the root logger at debug only (``_Py4jOnRootLogger``)."""
     logging.getLogger("py4j").setLevel(logging.INFO if _verbose() else logging.ERROR)
     for name in _PYSPARK_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if _verbose() else logging.CRITICAL + 1)
+    root = logging.getLogger()
+    if not any(isinstance(f, _Py4jOnRootLogger) for f in root.filters):
+        root.addFilter(_Py4jOnRootLogger())
 
 
 def log4j_properties(verbose: bool) -> str:
