@@ -442,11 +442,14 @@ class SparkCluster:
             self.procs.append(subprocess.Popen([str(spark_class), *args], stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, env=env, start_new_session=True))
 
-    def submit_command(self, landing: str, target: str, fmt: str = "delta", name: str = "cdcd") -> list[str]:
+    def submit_command(self, landing: str, target: str, fmt: str = "delta", name: str = "cdcd",
+                       settings: dict[str, str] | None = None, driver_jars: tuple[Path, ...] = (),
+                       args: tuple[str, ...] = ()) -> list[str]:
         """``spark-submit --master spark://...`` of the consumer with the bootstrap's cached jars: the format's as
         ``--jars``, S3A's on the class paths (driver and worker share this host: the 640 MB SDK bundle is not
         shipped), shuffle and Delta state partitions for one core, and the local session's JVM flags (the
-        merge took 24 s instead of 123 s with them on a loaded two-core machine; docs/spark.md)."""
+        merge took 24 s instead of 123 s with them on a loaded two-core machine; docs/spark.md). ``settings``:
+        more ``--conf``s, ``driver_jars`` on the driver's class path too, ``args`` the consumer's own."""
         from cdcd.spark import jars
         from cdcd.spark.session import JAVA_OPTIONS
 
@@ -455,18 +458,19 @@ class SparkCluster:
         if found is None or s3a is None:
             raise ServerError(f"the Spark jars are not cached in {jars.cache_dir()}: {BOOTSTRAP_HINT}")
         classpath = os.pathsep.join(str(p) for p in s3a)
+        driver_classpath = os.pathsep.join(str(p) for p in (*s3a, *driver_jars))
         extension = {"delta": [f"spark.sql.extensions={jars.DELTA_EXTENSION}",
                                f"spark.sql.catalog.spark_catalog={jars.DELTA_CATALOG}"],
                      "iceberg": [f"spark.sql.extensions={jars.ICEBERG_EXTENSION}"]}.get(fmt, [])
         conf = [*extension, "spark.sql.shuffle.partitions=2", "spark.databricks.delta.snapshotPartitions=2",
                 "spark.ui.enabled=false", f"spark.executor.extraJavaOptions={JAVA_OPTIONS}",
-                f"spark.executor.extraClassPath={classpath}"]
+                f"spark.executor.extraClassPath={classpath}", *(f"{k}={v}" for k, v in (settings or {}).items())]
         consumer = Path(__file__).resolve().parents[1] / "cdcd" / "spark" / "consumer.py"
         return [str(Path(sys.executable).with_name("spark-submit")), "--master", self.url, "--name", name,
                 *(["--jars", ",".join(str(p) for p in found)] if found else []),
                 "--driver-memory", "1g", "--executor-memory", "1g", "--driver-java-options", JAVA_OPTIONS,
-                "--driver-class-path", classpath, *(a for c in conf for a in ("--conf", c)),
-                str(consumer), "--landing", landing, "--target", target, "--format", fmt, "--once"]
+                "--driver-class-path", driver_classpath, *(a for c in conf for a in ("--conf", c)),
+                str(consumer), "--landing", landing, "--target", target, "--format", fmt, "--once", *args]
 
     def status(self) -> dict[str, Any]:
         """The master's view of the cluster (its web UI's ``/json``): workers, cores, applications."""

@@ -96,7 +96,7 @@ step "bytecode of cdcd"
 # some CI machines and containers); then every daemon start would compile cdcd again (about 60 ms of each).
 "$VENV/bin/python" -m compileall -q "$ROOT/cdcd" >/dev/null || fail "python -m compileall cdcd failed"
 
-step "Spark jars (Delta Lake, Iceberg, SQLite JDBC, S3A) into .jars/"
+step "Spark jars (Delta Lake, Iceberg, SQLite JDBC, S3A, the tests' metastore database) into .jars/"
 # Resolved once from Maven Central into a project-local cache; the Spark job passes them as
 # spark.jars, so tests and the demo run offline afterwards. Versions: cdcd/spark/jars.py.
 # S3A (s3a:// paths) is hadoop-aws of the installed pyspark's Hadoop and the AWS SDK bundle it was

@@ -62,6 +62,11 @@ PACKAGES = (*DELTA_PACKAGES, *ICEBERG_PACKAGES)
 #: their class-data sharing archive, stays as it was).
 CATALOG_PACKAGES = (f"org.postgresql:postgresql:{POSTGRES_JDBC}",)
 
+#: A Hive metastore database several Spark processes share (the tests' stand-in for a cluster's metastore
+#: database: a Derby network server on the Derby release pyspark ships, and its JDBC client for the sessions).
+DERBY = "10.16.1.1"
+METASTORE_DB_PACKAGES = (f"org.apache.derby:derbynet:{DERBY}", f"org.apache.derby:derbyclient:{DERBY}")
+
 #: S3A (``s3a://`` paths) for Spark: not on a local session's class path unless asked for (the bundle is 640 MB).
 OBJECT_STORE_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP}", f"software.amazon.awssdk:bundle:{AWS_SDK}")
 
@@ -168,7 +173,8 @@ def fetch(directory: Path, repo: str = MAVEN_CENTRAL, packages: tuple[str, ...] 
 
 
 def main(argv: list[str]) -> int:
-    """``python -m cdcd.spark.jars``: the coordinates (one a line, S3A's too) for the bootstrap's Maven copy;
+    """``python -m cdcd.spark.jars``: the coordinates (one a line, S3A's and the metastore database's too) for the
+    bootstrap's Maven copy;
     ``--packages``: the formats' as spark-submit's option, ``--object-store-packages``: S3A's;
     ``--fetch DIR [--repo URL]``: download the formats' into DIR."""
     args = argv[1:]
@@ -187,8 +193,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m cdcd.spark.jars [--packages | --object-store-packages | --fetch DIR [--repo URL]]",
               file=sys.stderr)
         return 2
-    else:  # the bootstrap's list: the PostgreSQL driver and S3A's jars too
-        print("\n".join(PACKAGES + CATALOG_PACKAGES + OBJECT_STORE_PACKAGES))
+    else:  # the bootstrap's list: the PostgreSQL driver, S3A's jars and the metastore database's too
+        print("\n".join(PACKAGES + CATALOG_PACKAGES + OBJECT_STORE_PACKAGES + METASTORE_DB_PACKAGES))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The consumer on a real Spark standalone cluster with the landing zone and the tables on object storage:
 PostgreSQL -> `cdcd run` -> s3:// landing zone on the S3 server (tests/conftest.py `s3_server`) -> `spark-submit
 --master spark://...` (a master and a worker, `spark_cluster`) into Delta Lake tables at s3a:// on the same
-server -> `cdcd verify --target s3a://...`."""
+server, registered by name in a metastore database the cluster's jobs share (a Derby network server) ->
+`cdcd verify --target s3a://...`, and the tables read by name from another Spark process."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from support.s3 import client, keys, pg_daemon_config
 from support.waits import wait_for
 
 from cdcd.landing import reader
 from cdcd.landing.objstore import Settings
+from devtools.derby import DerbyServer
 from devtools.servers import PostgresServer, S3Server, SparkCluster
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
@@ -57,28 +61,65 @@ def store_env(s3: S3Server) -> dict[str, str]:
             "AWS_SECRET_ACCESS_KEY": s3.secret_key}
 
 
-def submit(cluster: SparkCluster, s3: S3Server, landing: str, target: str) -> str:
+def submit(cluster: SparkCluster, s3: S3Server, landing: str, target: str, metastore: DerbyServer,
+           warehouse: str, s3a: dict[str, str]) -> str:
     """`spark-submit --master spark://...` the consumer (``SparkCluster.submit_command``) with the store in its
-    environment (``store_env``); its output."""
+    environment (``store_env``), registering its tables in the metastore database; its output."""
     env = store_env(s3)
-    proc = subprocess.run(cluster.submit_command(landing, target, name="cdcd-on-the-cluster"),
-                          capture_output=True, text=True, env=env, timeout=600)
+    command = cluster.submit_command(landing, target, name="cdcd-on-the-cluster",
+                                     settings={**metastore.session_conf("metastore", warehouse), **s3a},
+                                     driver_jars=(metastore.client_jar,), args=("--register-tables",))
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert s3.secret_key not in output  # the keys are never logged
     return output
 
 
+#: Another Spark process with the same metastore database: the tables by name, as the cluster's other jobs read
+#: them.
+READER = """
+import json, sys
+from pyspark.sql import SparkSession
+from cdcd.spark import jars
+from cdcd.spark.session import object_store_conf
+settings = {**jars.local_settings("delta", object_store=True), **json.loads(sys.argv[1])}
+settings["spark.driver.extraClassPath"] += ":" + sys.argv[2]
+b = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+for k, v in settings.items():
+    b = b.config(k, v)
+spark = b.getOrCreate()
+object_store_conf(spark)
+print("RESULT " + json.dumps({"tables": sorted(r["tableName"] for r in spark.sql("SHOW TABLES IN public").collect()),
+                              "ids": sorted(r["id"] for r in spark.table("public.orders").collect()),
+                              "changes": spark.table("public.orders_changelog").count()}))
+"""
+
+
+@pytest.fixture
+def metastore() -> Iterator[DerbyServer]:
+    server = DerbyServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def test_consumer_on_a_standalone_cluster_from_object_storage(
         spark_cluster: SparkCluster, s3_server: S3Server, s3_bucket: str, pg_server: PostgresServer, pg_db: str,
-        tmp_path: Path) -> None:
+        metastore: DerbyServer, tmp_path: Path) -> None:
     landing, target = f"s3://{s3_bucket}/landing", f"s3a://{s3_bucket}/target"
     reader.use_store(landing, Settings(endpoint=s3_server.endpoint, region=s3_server.region,
                                        access_key_id=s3_server.access_key, secret_access_key=s3_server.secret_key))
     cfg = daemon_config(tmp_path, pg_server, pg_db, landing, s3_server)
     land(pg_server, pg_db, cfg, landing)
 
-    output = submit(spark_cluster, s3_server, landing, target)
+    # the metastore's Hive client checks the tables' locations with the Hadoop settings the session starts with:
+    # S3A's endpoint there, as a cluster's spark-defaults.conf has it (the keys come from the environment)
+    s3a = {"spark.hadoop.fs.s3a.endpoint": s3_server.endpoint, "spark.hadoop.fs.s3a.path.style.access": "true",
+           "spark.hadoop.fs.s3a.endpoint.region": s3_server.region}
+    warehouse = f"s3a://{s3_bucket}/warehouse"
+    output = submit(spark_cluster, s3_server, landing, target, metastore, warehouse, s3a)
     assert f'"master": "{spark_cluster.url}"' in output  # the `consumer starting` line: the cluster's master stood
     assert f'"landing": "{landing}"' in output
     apps = [a for a in spark_cluster.status()["completedapps"] if a["name"] == "cdcd-on-the-cluster"]
@@ -101,3 +142,14 @@ def test_consumer_on_a_standalone_cluster_from_object_storage(
     verified = subprocess.run([CDCD, "verify", "-c", str(cfg), "--target", target], capture_output=True,
                               text=True, timeout=600, env=store_env(s3_server))
     assert verified.returncode == 0, (verified.stdout + verified.stderr)[-3000:]
+
+    # the tables by name from another Spark process on the same metastore database (docs/spark.md, Tables by name)
+    read = subprocess.run([sys.executable, "-c", READER,
+                           json.dumps({**metastore.session_conf("metastore", warehouse), **s3a}),
+                           str(metastore.client_jar)], capture_output=True, text=True, timeout=600,
+                          env=store_env(s3_server), cwd=tmp_path)
+    assert read.returncode == 0, read.stderr[-3000:]
+    out = json.loads(read.stdout.split("RESULT ", 1)[1])
+    assert out["tables"] == ["orders", "orders_changelog"]
+    source = pg_server.psql("SELECT id FROM orders ORDER BY id", pg_db).split()
+    assert out["ids"] == [int(i) for i in source] and out["changes"] > len(source)

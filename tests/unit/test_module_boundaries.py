@@ -64,6 +64,7 @@ MAP: dict[str, frozenset[str]] = {
     "cdcd.cli": frozenset({E, "cdcd", "cdcd.checkpoint", "cdcd.config", "cdcd.daemon", "cdcd.logging", "cdcd.repair",
                            "cdcd.runtime", "cdcd.sources", "cdcd.spark", "cdcd.verify"}),
     "devtools.servers": frozenset({E, "cdcd.spark"}),
+    "devtools.derby": frozenset({"devtools.servers", "cdcd.spark"}),
     "bench": frozenset({"devtools.servers", "cdcd.landing", "cdcd.sources.postgres"}),
     "devtools": frozenset({"cdcd.config", "devtools.servers", "cdcd.landing", "cdcd.verify"}),
 }

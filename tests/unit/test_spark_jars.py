@@ -17,7 +17,7 @@ def test_hadoop_aws_is_the_hadoop_of_the_installed_pyspark() -> None:
 def test_the_bootstrap_list_holds_the_s3a_jars_and_spark_submit_gets_its_own_line() -> None:
     listed = subprocess.run([sys.executable, "-m", "cdcd.spark.jars"], capture_output=True, text=True, check=True,
                             timeout=60).stdout.split()
-    assert listed == [*jars.PACKAGES, *jars.CATALOG_PACKAGES, *jars.OBJECT_STORE_PACKAGES]
+    assert listed == [*jars.PACKAGES, *jars.CATALOG_PACKAGES, *jars.OBJECT_STORE_PACKAGES, *jars.METASTORE_DB_PACKAGES]
     line = subprocess.run([sys.executable, "-m", "cdcd.spark.jars", "--object-store-packages"], capture_output=True,
                           text=True, check=True, timeout=60).stdout.strip()
     assert line == "--packages " + ",".join(jars.OBJECT_STORE_PACKAGES)
