@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.servers import BOOTSTRAP_HINT, ServerError, free_port, wait_port
+from devtools.servers import BOOTSTRAP_HINT, ServerError, end_process, free_port, wait_port
 
 #: The metastore database's user and password (Derby's client refuses an empty password).
 USER, PASSWORD = "app", "app"
@@ -80,11 +80,5 @@ class DerbyServer:
                 "spark.sql.warehouse.dir": warehouse}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        end_process(self.proc)
         shutil.rmtree(self.root, ignore_errors=True)

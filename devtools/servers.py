@@ -98,6 +98,18 @@ def service_user() -> str | None:
     raise ServerError("running as root and no unprivileged user (postgres/nobody) exists")
 
 
+def end_process(proc: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
+    """SIGTERM, at most ``timeout`` seconds to exit, then SIGKILL (a server's stop)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+
+
 def wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -380,13 +392,7 @@ class MariaDBServer:
         self.sql("STOP SLAVE; RESET SLAVE ALL; SET GLOBAL read_only = 0")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_process(self.proc)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -494,13 +500,7 @@ class SparkCluster:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):  # the worker first: it ends its executors
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=30)
+            end_process(proc)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # an executor the worker left behind
         self.procs.clear()
@@ -566,11 +566,5 @@ class S3Server:
         return self.root / "data" / name
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
+        end_process(self.proc, 20)
         shutil.rmtree(self.root, ignore_errors=True)
