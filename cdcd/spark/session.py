@@ -162,10 +162,13 @@ def _verbose() -> bool:
 class _Py4jOnRootLogger(logging.Filter):
     """py4j logs some lines through the root logger, not its own: ``logging.exception("Exception while sending
     command.")`` when a call (a Java object's release at garbage collection, say) finds the JVM gone. They are
-    shown at debug only: the consumer reports a failure itself, with its table, batches and fix."""
+    shown at debug only, as debug lines: the consumer reports a failure itself, with its table, batches and fix."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return _verbose() or f"{os.sep}py4j{os.sep}" not in record.pathname
+        if f"{os.sep}py4j{os.sep}" not in record.pathname:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return _verbose()
 
 
 def quiet_python_loggers() -> None:

@@ -47,4 +47,7 @@ def test_py4j_lines_on_the_root_logger_show_at_debug_only(monkeypatch: pytest.Mo
     monkeypatch.setattr(session, "_verbose", lambda: False)
     assert not root.filter(record(py4j)) and root.filter(record(ours))
     monkeypatch.setattr(session, "_verbose", lambda: True)
-    assert root.filter(record(py4j))
+    shown = record(py4j)
+    assert root.filter(shown) and shown.levelname == "DEBUG"  # at debug, and as a debug line: not a second error
+    mine = record(ours)
+    assert root.filter(mine) and mine.levelname == "ERROR"
