@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiomysql
@@ -59,6 +60,10 @@ class MySqlServer:
         self.identity: dict[str, Any] | None = None  # its identity, as recorded in the checkpoint
         self._identity_due: dict[str, Any] | None = None  # an identity the checkpoint does not have yet
         self._ctl: aiomysql.Connection | None = None
+        # one caller at a time on the control connection: the stream's reconnect, a table reload and the snapshot
+        # share it, and two readers of one aiomysql connection fail ("readexactly() called while another
+        # coroutine is already waiting for incoming data"); each holder's query is bounded
+        self._ctl_lock = asyncio.Lock()
 
     # ------------------------------------------------------------ the control connection
     @property
@@ -83,19 +88,25 @@ class MySqlServer:
                 raise
         return self._ctl
 
+    @contextlib.asynccontextmanager
+    async def controlled(self) -> AsyncIterator[aiomysql.Connection]:
+        """The control connection, for this caller alone until the block ends (``_ctl_lock``)."""
+        async with self._ctl_lock:
+            yield await self.control()
+
     async def query(self, sql: str, args: Any = None, timeout: float | None = None) -> list[tuple[Any, ...]]:
         """One query on the control connection, bounded by ``timeout`` (default runtime.source_read_timeout_s).
         A failure drops the connection (the next query opens a new one) and raises a classified SourceError."""
-        conn = await self.control()
-        try:
-            async with asyncio.timeout(timeout or self.config.runtime.source_read_timeout_s):
-                async with conn.cursor() as cur:
-                    await cur.execute(sql, args)
-                    return list(await cur.fetchall())
-        except Exception as exc:
-            conn.close()
-            self._ctl = None
-            raise query_error(exc, f"query on {self.where}") from exc
+        async with self.controlled() as conn:
+            try:
+                async with asyncio.timeout(timeout or self.config.runtime.source_read_timeout_s):
+                    async with conn.cursor() as cur:
+                        await cur.execute(sql, args)
+                        return list(await cur.fetchall())
+            except Exception as exc:
+                conn.close()
+                self._ctl = None
+                raise query_error(exc, f"query on {self.where}") from exc
 
     async def drop_control(self) -> None:
         if self._ctl is not None:
@@ -218,8 +229,7 @@ class MySqlServer:
         return dataclasses.replace(facts, at=BinlogAt(pos.file, pos.pos, boundary, before, event_gtid))
 
     async def current_position(self) -> Watermark:
-        conn = await self.control()
-        async with conn.cursor(aiomysql.DictCursor) as cur:
+        async with self.controlled() as conn, conn.cursor(aiomysql.DictCursor) as cur:
             await cur.execute(binlog_status_statement(self.flavor, self.version))
             wm = parse_binlog_status(await cur.fetchone())
         if self.flavor == "mariadb":

@@ -73,8 +73,8 @@ class MySqlSnapshot:
         return [start, *self._server.marks(watermark), *then]
 
     async def schemas(self) -> list[TableSchema]:
-        conn = await self._server.control()
-        return [(await load_table_schema(conn, t.table))[0] for t in self._tasks]
+        async with self._server.controlled() as conn:
+            return [(await load_table_schema(conn, t.table))[0] for t in self._tasks]
 
     async def rows(self, watermark: Position) -> AsyncIterator[Item]:
         assert self.snapshotter is not None and isinstance(watermark, MySqlPosition)
