@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.processes import finished, spark_consumer
 from support.s3 import client, keys, pg_daemon_config
 from support.waits import wait_for
 
@@ -80,20 +81,7 @@ def land(pg: PostgresServer, db: str, cfg: Path, landing: str, runs: int) -> Non
 def consumer(tmp_path: Path, env: dict[str, str], landing: str, target: str, fmt: str, *args: str,
              name: str = "consumer") -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp_path / f"{name}-{time.monotonic_ns()}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([CDCD, "spark", "run", "--landing", landing, "--target", target, "--format", fmt,
-                                 "--log-format", "json", *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc, log
-
-
-def finished(proc: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> tuple[int, str]:
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    return proc.returncode, log.read_text(errors="replace")
+    return spark_consumer(log, env, "--landing", landing, "--target", target, "--format", fmt, *args), log
 
 
 def verify(cfg: Path, target: str, env: dict[str, str]) -> None:
@@ -161,7 +149,7 @@ def test_consumer_killed_between_table_commits_and_its_record_applies_each_batch
     def rerun() -> tuple[int, str] | None:
         proc, log = consumer(tmp_path, s3_env, landing, target, "delta", "--once", "--delta-readers", "any",
                              name="rerun")
-        code, out = finished(proc, log)
+        code, out = finished(proc, log, 600)
         if code == 2 and "is in use by another cdcd spark consumer" in out:
             return None
         return code, out
@@ -190,7 +178,7 @@ def test_iceberg_target_on_object_storage_with_a_jdbc_catalog_on_postgresql(
     target = f"s3a://{s3_bucket}/target"
     # without a catalog: refused, naming the ones that work (the default SQLite file cannot be on the store)
     refused, refused_log = consumer(tmp_path, s3_env, landing, target, "iceberg", "--once", name="refused")
-    code, out = finished(refused, refused_log)
+    code, out = finished(refused, refused_log, 600)
     assert code == 2 and "JDBC catalog on PostgreSQL" in out, out[-3000:]
     # the catalog as an operator gives it: spark-defaults.conf (or --conf), its database on the test's PostgreSQL
     catalog_db = f"{pg_db}_catalog"
@@ -204,7 +192,7 @@ def test_iceberg_target_on_object_storage_with_a_jdbc_catalog_on_postgresql(
         f"{prefix}.jdbc.schema-version V1\n{prefix}.warehouse {target}\n")
     env = {**s3_env, "SPARK_CONF_DIR": str(conf)}
     run, run_log = consumer(tmp_path, env, landing, target, "iceberg", "--once")
-    code, out = finished(run, run_log)
+    code, out = finished(run, run_log, 600)
     assert code == 0, out[-3000:]
     namespaces = pg_server.psql("SELECT DISTINCT table_namespace FROM iceberg_tables ORDER BY 1", catalog_db)
     assert "changelog.public" in namespaces and "tables.public" in namespaces, namespaces

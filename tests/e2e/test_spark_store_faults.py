@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from faultproxy import FaultProxy
+from support.processes import finished, spark_consumer
 from support.s3 import keys
 from support.waits import wait_for
 
@@ -31,7 +31,6 @@ from cdcd.sinks.landing import LandingSink
 from devtools.servers import S3Server
 
 pytestmark = [pytest.mark.spark]
-CDCD = str(Path(sys.executable).with_name("cdcd"))
 SCHEMA = TableSchema(TableId("public", "t"), (Column("k", pa.int64(), "bigint", nullable=False),
                                               Column("v", pa.string(), "text")), ("k",))
 #: How long the store stays away: past the consumer's bounded retries, so that the merge must fail.
@@ -95,21 +94,8 @@ def consumer(tmp_path: Path, s3: S3Server, port: int, landing: Path, target: str
     env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": s3.region,
            "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}
     log = tmp_path / f"{name}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([CDCD, "spark", "run", "--landing", str(landing), "--target", target, "--format",
-                                 "delta", "--once", "--lease-seconds", "10", "--delta-readers", "any",
-                                 "--log-format", "json"], stdout=out, stderr=subprocess.STDOUT, env=env)
-    return proc, log
-
-
-def finished(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> tuple[int, str]:
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    return proc.returncode, log.read_text(errors="replace")
+    return spark_consumer(log, env, "--landing", str(landing), "--target", target, "--format", "delta", "--once",
+                          "--lease-seconds", "10", "--delta-readers", "any"), log
 
 
 def table_rows(s3: S3Server, url: str) -> list[dict[str, object]]:

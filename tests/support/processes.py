@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -15,3 +17,24 @@ def processes_mentioning(directory: Path) -> list[str]:
         if str(directory) in with_dir:
             found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])}")
     return found
+
+
+CDCD = str(Path(sys.executable).with_name("cdcd"))
+
+
+def spark_consumer(log: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    """``cdcd spark run --log-format json *args`` as a process, its output (both streams) in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen([CDCD, "spark", "run", "--log-format", "json", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+
+
+def finished(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> tuple[int, str]:
+    """The exit code and output of ``proc`` once it ends; killed (and the test failed) past ``timeout``."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return proc.returncode, log.read_text(errors="replace")
