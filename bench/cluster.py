@@ -1,9 +1,9 @@
 """The consumer on a Spark standalone cluster next to the local one (docs/benchmarks.md, ``spark_cluster``).
 
-The daemon lands the narrow table's inserts into ``s3://`` on a local S3 server (versitygw, devtools.servers.S3Server);
+The daemon lands the narrow table's inserts into ``s3://`` on a local S3 server (versitygw, devtools.s3server.S3Server);
 then the same landing zone is applied twice into two new Delta targets: by ``cdcd spark run --once`` (the consumer's
 own local session, ``local[2]``) and by ``spark-submit --master spark://...`` to a standalone master and one worker
-started from the installed pyspark (devtools.servers.SparkCluster, ``submit_command``: the line the cluster test and
+started from the installed pyspark (devtools.sparkcluster.SparkCluster, ``submit_command``: the line the cluster test and
 the demo submit). Each consumer reads the landing zone by its own target's commit record, so the second one reads
 every batch again; the rates are events per second with the start-up (JVM, session, executor) and without it."""
 
@@ -20,7 +20,9 @@ from bench.common import Row
 from bench.consumer import SPARK_FORMAT, _applied, _log_events
 from bench.harness import VENV_BIN, run_daemon_until
 from bench.objstore import landing_config
-from devtools.servers import PostgresServer, S3Server, SparkCluster
+from devtools.s3server import S3Server
+from devtools.servers import PostgresServer
+from devtools.sparkcluster import SparkCluster
 
 #: The worker offers both of the machine's cores, as the local consumer's ``local[2]`` uses them.
 CLUSTER_CORES = 2

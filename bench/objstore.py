@@ -1,5 +1,5 @@
 """The landing zone on object storage next to local disk: the same PostgreSQL stream landed by ``cdcd run`` into
-a directory and into ``s3://`` on a local S3 server (versitygw, devtools.servers.S3Server), as events/s, and the
+a directory and into ``s3://`` on a local S3 server (versitygw, devtools.s3server.S3Server), as events/s, and the
 latency of a one-row transaction from commit to checkpoint on each (docs/benchmarks.md, "Object storage")."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from bench import workloads
 from bench.common import Row, pair, pg_source
 from bench.harness import Daemon, run_daemon_until, write_config
-from devtools.servers import PostgresServer, S3Server
+from devtools.s3server import S3Server
+from devtools.servers import PostgresServer
 
 #: One-row transactions timed from commit to checkpoint, on each landing zone.
 LATENCY_SAMPLES = 20

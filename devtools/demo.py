@@ -29,7 +29,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from devtools.servers import MariaDBServer, PostgresServer, S3Server, SparkCluster, free_port
+from devtools.s3server import S3Server
+from devtools.servers import MariaDBServer, PostgresServer, free_port
+from devtools.sparkcluster import SparkCluster
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 WAIT_S = 120.0

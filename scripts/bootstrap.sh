@@ -57,7 +57,7 @@ PYTHON=${PYTHON:-python3}
     || fail "$PYTHON is older than 3.11; install Python 3.11+ or set PYTHON=/path/to/python3.11"
 
 step "S3 server (versitygw) into .tools/bin/"
-# A real S3-compatible server for the tests and the demo (devtools/servers.py S3Server), built from its Go module
+# A real S3-compatible server for the tests and the demo (devtools/s3server.py S3Server), built from its Go module
 # with the installed Go toolchain; only where missing. The first build takes about 5 minutes on two cores, so it
 # runs in the background while pip and Maven wait on the network; the bootstrap waits for it at the end.
 VGW_VERSION=v1.8.0

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from devtools.servers import MariaDBServer, PostgresServer, S3Server, SparkCluster
+from devtools.s3server import S3Server
+from devtools.servers import MariaDBServer, PostgresServer
+from devtools.sparkcluster import SparkCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import random
@@ -36,60 +35,13 @@ from devtools.soak.common import (
     wait_for,
     wait_with_progress,
 )
+from devtools.soak.parts import LandingDisk, Proc
 from devtools.soak.replay import replay
 from devtools.soak.sources import MariaSource, PgSource, Source
 from devtools.soak.workload import Workload
 
 sys.path.insert(0, str(ROOT / "tests"))
 from faultproxy import FaultProxy  # type: ignore[import-not-found]
-
-
-@dataclass
-class Proc:
-    """`cdcd run` or `cdcd spark run` as a real process; every start appends to one log file."""
-
-    name: str
-    argv: list[str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-    down_on_purpose: bool = False
-
-    def start(self) -> None:
-        self.starts += 1
-        with open(self.log, "ab") as f:
-            f.write(f"\n===== soak: start {self.starts} of {self.name} at {time.strftime('%H:%M:%S')} =====\n"
-                    .encode())
-            f.flush()
-            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-        self.down_on_purpose = False
-
-    def last_error(self) -> str:
-        """The last error line this process logged (since its last start), for a note: the work directory of a
-        passing soak is removed, its logs with it."""
-        try:
-            text = self.log.read_text(errors="replace").rsplit("===== soak: start", 1)[-1]
-        except OSError:
-            return ""
-        errors = [line for line in text.splitlines() if '"level": "error"' in line]
-        return f" (last error: {errors[-1][:600]})" if errors else " (no error logged)"
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, sig: int, timeout: float) -> int | None:
-        """Send ``sig`` and wait up to ``timeout``: the exit code, or None if it hung (then it is SIGKILLed)."""
-        assert self.proc is not None
-        self.down_on_purpose = True
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(30)
-            return None
-
 
 
 @dataclass
@@ -103,7 +55,6 @@ class Soak:
     faults: Counter[str] = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)  # unexpected exits, hangs, refusals: printed in the summary
     captured: list[str] = field(default_factory=lambda: list(BASE_TABLES))
-    disk_mounted: bool = False
     disk_free_at: float | None = None
     pending: list[tuple[float, str, Callable[[], None]]] = field(default_factory=list)
     # the newest consumed batch when the consumer was last faulted: the next consumer fault waits until a
@@ -116,6 +67,7 @@ class Soak:
         self.target = self.work / "target"
         self.config_path = self.work / "cdcd.toml"
         self.http_port = free_port()
+        self.disk = LandingDisk(self.landing, self.minutes, self.notes)
         self.t0 = time.monotonic()
 
     # ---- config and processes
@@ -150,44 +102,12 @@ class Soak:
     def elapsed(self) -> str:
         return f"{time.monotonic() - self.t0:.0f}s"
 
-    # ---- the landing disk
-
-    def mount_disk(self) -> None:
-        """A tmpfs for the landing zone, so that "disk-full" can fill it (tests/e2e/test_faults_disk.py)."""
-        self.landing.mkdir(parents=True)
-        size_mb = int(min(8192, 512 + self.minutes * 60))
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs",
-                               str(self.landing)], capture_output=True, text=True)
-        if done.returncode == 0:
-            self.disk_mounted = True
-        else:
-            self.notes.append(f"no disk-full faults: cannot mount a tmpfs ({done.stderr.strip()})")
-
-    def fill_disk(self) -> None:
-        fd = os.open(self.landing / "soak-filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for size in (1 << 20, 4096, 1):
-                try:
-                    while True:
-                        os.write(fd, b"\0" * size)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-        finally:
-            os.close(fd)
+    # ---- faults
 
     def free_disk(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.landing / "soak-filler").unlink()
+        self.disk.free()
         self.disk_free_at = None
 
-    def unmount_disk(self) -> None:
-        if self.disk_mounted:
-            if subprocess.run(["umount", str(self.landing)], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(self.landing)], check=False)
-            self.disk_mounted = False
-
-    # ---- faults
 
     def pause(self) -> float:
         return self.rng.uniform(0.25 * self.fault_pause, 1.75 * self.fault_pause)
@@ -259,9 +179,9 @@ class Soak:
                 return None
             return kind
         if kind == "disk-full":
-            if not self.disk_mounted or self.disk_free_at is not None:
+            if not self.disk.mounted or self.disk_free_at is not None:
                 return None
-            self.fill_disk()
+            self.disk.fill()
             duration = rng.uniform(5, 30)
             self.disk_free_at = time.monotonic() + duration
             self.later(duration, "free the landing disk", self.free_disk)
@@ -292,7 +212,7 @@ class Soak:
         try:
             self.source.start()
             self.proxy = FaultProxy(self.source.port).start()
-            self.mount_disk()
+            self.disk.mount()
             self.write_config()
             self.daemon = Proc("daemon", [CDCD, "run", "-c", str(self.config_path)], self.work / "daemon.log")
             self.metrics_port = free_port()  # the consumer's metrics: checked against the landing zone at the end
@@ -483,12 +403,12 @@ def soak_one(kind: str, seed: int, minutes: float, fmt: str, keep: bool, fault_p
         line = f"soak {kind}: seed {seed}: interrupted ({exc!r})"
     finally:
         landing = soak.landing
-        if (keep or not ok) and soak.disk_mounted:  # the landing zone is on a tmpfs: keep a copy on disk
+        if (keep or not ok) and soak.disk.mounted:  # the landing zone is on a tmpfs: keep a copy on disk
             with contextlib.suppress(FileNotFoundError):
                 (soak.landing / "soak-filler").unlink()
             landing = work / "landing-kept"
             shutil.copytree(soak.landing, landing)
-        soak.unmount_disk()
+        soak.disk.unmount()
     for note in soak.notes:
         print(f"soak {kind} note: {note}", flush=True)
     print(line, flush=True)

@@ -17,7 +17,8 @@ from faultproxy import FaultProxy
 
 from cdcd.daemon.exitcodes import ExitCode
 from cdcd.landing import objstore, reader
-from devtools.servers import PostgresServer, S3Server
+from devtools.s3server import S3Server
+from devtools.servers import PostgresServer
 
 
 class Setup(DaemonHarness):

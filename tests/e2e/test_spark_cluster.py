@@ -21,7 +21,9 @@ from support.waits import wait_for
 from cdcd.landing import reader
 from cdcd.landing.objstore import Settings
 from devtools.derby import DerbyServer
-from devtools.servers import PostgresServer, S3Server, SparkCluster
+from devtools.s3server import S3Server
+from devtools.servers import PostgresServer
+from devtools.sparkcluster import SparkCluster
 
 CDCD = str(Path(sys.executable).with_name("cdcd"))
 SPARK_SUBMIT = str(Path(sys.executable).with_name("spark-submit"))

@@ -27,7 +27,8 @@ from support.waits import wait_for
 
 from cdcd.landing import reader
 from cdcd.landing.objstore import Settings
-from devtools.servers import PostgresServer, S3Server
+from devtools.s3server import S3Server
+from devtools.servers import PostgresServer
 
 pytestmark = [pytest.mark.spark]
 CDCD = str(Path(sys.executable).with_name("cdcd"))

@@ -28,7 +28,7 @@ from cdcd.events import ChangeEvent, Column, Op, TableId, TableSchema
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
-from devtools.servers import S3Server
+from devtools.s3server import S3Server
 
 pytestmark = [pytest.mark.spark]
 SCHEMA = TableSchema(TableId("public", "t"), (Column("k", pa.int64(), "bigint", nullable=False),

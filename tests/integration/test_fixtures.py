@@ -2,7 +2,8 @@ import botocore.exceptions
 import pytest
 from support import s3
 
-from devtools.servers import MariaDBServer, PostgresServer, S3Server
+from devtools.s3server import S3Server
+from devtools.servers import MariaDBServer, PostgresServer
 
 
 def test_postgres_is_logical(pg_server: PostgresServer, pg_db: str) -> None:

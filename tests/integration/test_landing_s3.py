@@ -21,7 +21,7 @@ from cdcd.landing import objstore, reader
 from cdcd.positions import PgPosition
 from cdcd.runtime.interfaces import Batch
 from cdcd.sinks.landing import LandingSink
-from devtools.servers import S3Server
+from devtools.s3server import S3Server
 
 ZONE = "zone/one"
 ORDERS = TableSchema(TableId("public", "orders"), (Column("id", pa.int64(), "bigint", nullable=False),

@@ -23,7 +23,7 @@ from support.waits import wait_for
 from cdcd.spark.lease import _HELD, Lease, LeaseLost, check_held
 from cdcd.spark.objtarget import ObjectTargetStore, read_state
 from cdcd.spark.state import ConsumerState, TableState, TargetLocked
-from devtools.servers import S3Server
+from devtools.s3server import S3Server
 
 
 @pytest.fixture

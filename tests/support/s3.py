@@ -1,4 +1,4 @@
-"""Talking to the tests' S3 server (devtools.servers.S3Server) directly: a client, listing; a daemon's config that
+"""Talking to the tests' S3 server (devtools.s3server.S3Server) directly: a client, listing; a daemon's config that
 lands there."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from devtools.servers import PostgresServer, S3Server, free_port
+from devtools.s3server import S3Server
+from devtools.servers import PostgresServer, free_port
 
 
 def client(server: S3Server, *, access_key: str | None = None, secret_key: str | None = None) -> Any:

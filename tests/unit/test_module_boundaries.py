@@ -63,10 +63,14 @@ MAP: dict[str, frozenset[str]] = {
                                 "cdcd.sinks", "cdcd.spark"}),
     "cdcd.cli": frozenset({E, "cdcd", "cdcd.checkpoint", "cdcd.config", "cdcd.daemon", "cdcd.logging", "cdcd.repair",
                            "cdcd.runtime", "cdcd.sources", "cdcd.spark", "cdcd.verify"}),
-    "devtools.servers": frozenset({E, "cdcd.spark"}),
+    "devtools.servers": frozenset({E}),
+    "devtools.s3server": frozenset({"devtools.servers"}),
+    "devtools.sparkcluster": frozenset({"devtools.servers", "cdcd.spark"}),
     "devtools.derby": frozenset({"devtools.servers", "cdcd.spark"}),
-    "bench": frozenset({"devtools.servers", "cdcd.landing", "cdcd.sources.postgres"}),
-    "devtools": frozenset({"cdcd.config", "devtools.servers", "cdcd.landing", "cdcd.verify"}),
+    "bench": frozenset({"devtools.servers", "devtools.s3server", "devtools.sparkcluster", "cdcd.landing",
+                        "cdcd.sources.postgres"}),
+    "devtools": frozenset({"cdcd.config", "devtools.servers", "devtools.s3server", "devtools.sparkcluster",
+                           "cdcd.landing", "cdcd.verify"}),
 }
 
 #: (file, imported module) -> why the code breaks the map there today.
