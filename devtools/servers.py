@@ -250,6 +250,13 @@ class PostgresServer:
         )
         return out.stdout.strip()
 
+    def psql_reading(self, database: str = "postgres") -> subprocess.Popen[str]:
+        """A psql that runs each statement written to its stdin (one connection for a stream of statements; a psql
+        per statement costs a process and a server backend each). It exits 3 at the first failing statement."""
+        return subprocess.Popen(
+            [str(self.bin / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.port),
+             "-U", "postgres", "-d", database], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
     def dsn(self, database: str = "postgres", user: str = "postgres") -> str:
         return f"postgresql://{user}@127.0.0.1:{self.port}/{database}"
 

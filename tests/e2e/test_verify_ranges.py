@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,7 @@ def test_live_postgres_lag_is_rechecked_and_only_persisting_drift_reported(
     writing = threading.Event()
     writing.set()
     steady: threading.Thread | None = None
+    written: list[int] = []  # the writer's psql exit code
     try:
         s.start("landed")
         s.wait("the snapshot landed", lambda: len(s.landed_ids()) >= 2000)
@@ -187,10 +189,16 @@ def test_live_postgres_lag_is_rechecked_and_only_persisting_drift_reported(
                        "INSERT INTO t VALUES (5001, 'x'); UPDATE t SET s = 'w0' WHERE id = 7; COMMIT", pg_db)
         s.wait("the changes landed", lambda: 5001 in s.landed_ids())
         def writer() -> None:  # key 7 changes every few milliseconds until verify is done
+            psql = pg_server.psql_reading(pg_db)
+            assert psql.stdin is not None
             n = 0
-            while writing.is_set():
+            while writing.is_set() and psql.poll() is None:
                 n += 1
-                pg_server.psql(f"UPDATE t SET s = 'w{n}' WHERE id = 7", pg_db, timeout_s=60)
+                psql.stdin.write(f"UPDATE t SET s = 'w{n}' WHERE id = 7;\n")
+                psql.stdin.flush()
+                time.sleep(0.01)
+            psql.stdin.close()
+            written.append(psql.wait(60))
 
         steady = threading.Thread(target=writer)
         steady.start()
@@ -215,6 +223,7 @@ def test_live_postgres_lag_is_rechecked_and_only_persisting_drift_reported(
         if steady is not None:
             steady.join(60)
         s.close()
+    assert written == [0], "the steady writer's psql failed (its error is above)"
     code, text = result[0]
     assert code == 1, text
     assert "missing=0 extra=0 changed=1" in text and "rechecked=5" in text, text

@@ -4,9 +4,9 @@ Starting a session costs about 10 s of CPU (the JVM, Spark's and Delta Lake's / 
 first test of a worker that asks for the ``spark`` fixture (tests/conftest.py) pays it, the later ones find
 the session warm. The session is the one the consumer builds for itself when it runs locally
 (``cdcd.spark.session.session()``: ``local[2]``, the cached Delta Lake and Iceberg jars and both formats'
-extensions), so ``cdcd.spark.job.run`` inside a test finds it active and uses it. A test that needs another
-session configuration (a JVM flag, other jars, one format's extension alone) starts its own process, as
-``cdcd spark run`` does.
+extensions), with expressions interpreted instead of compiled (``INTERPRETED``), so ``cdcd.spark.job.run``
+inside a test finds it active and uses it. A test that needs another session configuration (a JVM flag, other
+jars, one format's extension alone) starts its own process, as ``cdcd spark run`` does.
 
 After each test the session is put back as it was started (``SharedSession.reset``): the settings a test
 or the consumer set (an Iceberg catalog on the test's target, a commit property) are unset or restored,
@@ -19,6 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyspark.sql import SparkSession
+
+#: The shared session evaluates expressions interpreted, not compiled (docs/testing.md, "Suite time"): the tests'
+#: merges are small, and compiling the code Spark generates for each of a Delta merge's statements was a quarter
+#: of the session's CPU (three Spark integration files: 306 s of CPU compiled, 227 s interpreted). Spark's own
+#: fallback when a compile fails; internal to Spark, so the consumer never sets it: every consumer and verify the
+#: e2e tests start as a process runs Spark's default.
+INTERPRETED = {"spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 
 def _stopped(spark: SparkSession) -> bool:
@@ -60,6 +67,8 @@ class SharedSession:
             from cdcd.spark.session import session
 
             self._spark = session()
+            for k, v in INTERPRETED.items():
+                self._spark.conf.set(k, v)
             self._settings = dict(self._spark.conf.getAll)
         return self._spark
 
