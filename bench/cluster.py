@@ -3,8 +3,8 @@
 The daemon lands the narrow table's inserts into ``s3://`` on a local S3 server (versitygw, devtools.s3server.S3Server);
 then the same landing zone is applied twice into two new Delta targets: by ``cdcd spark run --once`` (the consumer's
 own local session, ``local[2]``) and by ``spark-submit --master spark://...`` to a standalone master and one worker
-started from the installed pyspark (devtools.sparkcluster.SparkCluster, ``submit_command``: the line the cluster test and
-the demo submit). Each consumer reads the landing zone by its own target's commit record, so the second one reads
+started from the installed pyspark (devtools.sparkcluster.SparkCluster, ``submit_command``: the line the cluster test
+and the demo submit). Each consumer reads the landing zone by its own target's commit record, so the second one reads
 every batch again; the rates are events per second with the start-up (JVM, session, executor) and without it."""
 
 from __future__ import annotations
