@@ -62,7 +62,7 @@ class MySqlServer:
         self._ctl: aiomysql.Connection | None = None
         # one caller at a time on the control connection: the stream's reconnect, a table reload and the snapshot
         # share it, and two readers of one aiomysql connection fail ("readexactly() called while another
-        # coroutine is already waiting for incoming data"); each holder's query is bounded
+        # coroutine is already waiting for incoming data"); the wait and each holder are bounded (``controlled``)
         self._ctl_lock = asyncio.Lock()
 
     # ------------------------------------------------------------ the control connection
@@ -89,24 +89,35 @@ class MySqlServer:
         return self._ctl
 
     @contextlib.asynccontextmanager
-    async def controlled(self) -> AsyncIterator[aiomysql.Connection]:
-        """The control connection, for this caller alone until the block ends (``_ctl_lock``)."""
-        async with self._ctl_lock:
-            yield await self.control()
+    async def controlled(self, timeout: float | None = None, what: str = "query") -> AsyncIterator[aiomysql.Connection]:
+        """The control connection, for this caller alone until the block ends (``_ctl_lock``).
+
+        The wait for it and the block together are bounded by ``timeout`` (default runtime.source_read_timeout_s).
+        A block that fails or is cut short drops the connection (what it was reading is unknown; the next caller
+        opens a new one); database, network and timeout errors are raised as classified SourceErrors naming
+        ``what``."""
+        try:
+            async with asyncio.timeout(timeout or self.config.runtime.source_read_timeout_s), self._ctl_lock:
+                conn = await self.control()
+                try:
+                    yield conn
+                except BaseException:
+                    conn.close()
+                    self._ctl = None
+                    raise
+        except SourceError:
+            raise
+        except Exception as exc:
+            err = query_error(exc, f"{what} on {self.where}")
+            if err is exc:
+                raise
+            raise err from exc
 
     async def query(self, sql: str, args: Any = None, timeout: float | None = None) -> list[tuple[Any, ...]]:
-        """One query on the control connection, bounded by ``timeout`` (default runtime.source_read_timeout_s).
-        A failure drops the connection (the next query opens a new one) and raises a classified SourceError."""
-        async with self.controlled() as conn:
-            try:
-                async with asyncio.timeout(timeout or self.config.runtime.source_read_timeout_s):
-                    async with conn.cursor() as cur:
-                        await cur.execute(sql, args)
-                        return list(await cur.fetchall())
-            except Exception as exc:
-                conn.close()
-                self._ctl = None
-                raise query_error(exc, f"query on {self.where}") from exc
+        """One query on the control connection, bounded by ``timeout`` (``controlled``)."""
+        async with self.controlled(timeout) as conn, conn.cursor() as cur:
+            await cur.execute(sql, args)
+            return list(await cur.fetchall())
 
     async def drop_control(self) -> None:
         if self._ctl is not None:
@@ -116,9 +127,11 @@ class MySqlServer:
 
     async def close(self) -> None:
         if self._ctl is not None:
-            with contextlib.suppress(Exception):
-                await self._ctl.ensure_closed()
-            self._ctl = None
+            ctl, self._ctl = self._ctl, None
+            with contextlib.suppress(Exception):  # the polite goodbye; a silent server must not hold a stop
+                async with asyncio.timeout(float(self.conn.connect_timeout)):
+                    await ctl.ensure_closed()
+            ctl.close()
 
     def terminate(self) -> None:
         if self._ctl is not None:
@@ -229,7 +242,7 @@ class MySqlServer:
         return dataclasses.replace(facts, at=BinlogAt(pos.file, pos.pos, boundary, before, event_gtid))
 
     async def current_position(self) -> Watermark:
-        async with self.controlled() as conn, conn.cursor(aiomysql.DictCursor) as cur:
+        async with self.controlled(what="the binlog position query") as conn, conn.cursor(aiomysql.DictCursor) as cur:
             await cur.execute(binlog_status_statement(self.flavor, self.version))
             wm = parse_binlog_status(await cur.fetchone())
         if self.flavor == "mariadb":

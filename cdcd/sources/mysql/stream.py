@@ -73,7 +73,7 @@ class MySqlSnapshot:
         return [start, *self._server.marks(watermark), *then]
 
     async def schemas(self) -> list[TableSchema]:
-        async with self._server.controlled() as conn:
+        async with self._server.controlled(what="reading the tables' schemas") as conn:
             return [(await load_table_schema(conn, t.table))[0] for t in self._tasks]
 
     async def rows(self, watermark: Position) -> AsyncIterator[Item]:
