@@ -2,7 +2,7 @@
 # Bootstrap, then run the whole test suite with the static checks.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
 # Tests run in parallel on CDCD_TEST_WORKERS workers (default 3; 0 runs them in this process):
-# the tests mostly wait on servers, daemons and Spark, so three workers fit two cores. Each worker
+# three keep two cores busy (the suite is bound by Spark's CPU; four were no faster: docs/testing.md). Each worker
 # starts its own PostgreSQL, MariaDB and local Spark session. A file stays on one worker (its module-scoped
 # fixtures start once), except the long files listed in tests/conftest.py; slowest first (docs/testing.md).
 set -euo pipefail
