@@ -2,7 +2,7 @@
 
 Every pair runs back to back on the same data so the ratio is fair on a noisy
 machine. Results go to ``bench/results/latest.md`` and ``latest.json``; the
-chart to ``docs/benchmarks.png``.
+chart to ``docs/benchmarks.png``. A ``--quick`` run writes all three to ``bench/work/quick/`` (not committed).
 """
 
 from __future__ import annotations
@@ -75,14 +75,23 @@ def machine() -> dict[str, Any]:
     }
 
 
+def destinations(quick: bool, out: Path | None, chart: Path | None) -> tuple[Path, Path]:
+    """Where the results and the chart go: a smoke run (``--quick``) never replaces a default run's committed
+    ``bench/results/latest.*`` and ``docs/benchmarks.png``."""
+    out = out or ROOT / "bench" / ("work/quick" if quick else "results")
+    return out, chart or (out / "benchmarks.png" if quick else ROOT / "docs" / "benchmarks.png")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/bench.sh", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run under 2 minutes")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="where results go")
+    parser.add_argument("--out", type=Path, help="where results go (default bench/results; --quick: bench/work/quick)")
     parser.add_argument("--only", nargs="*", help="run only these measures (names as in the table)")
-    parser.add_argument("--chart", type=Path, default=ROOT / "docs" / "benchmarks.png", help="chart PNG path")
+    parser.add_argument("--chart", type=Path,
+                        help="chart PNG path (default docs/benchmarks.png; --quick: benchmarks.png in --out)")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark consumer measures")
     args = parser.parse_args(argv)
+    args.out, args.chart = destinations(args.quick, args.out, args.chart)
     sizes = SIZES["quick" if args.quick else "default"]
     work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
     started = time.monotonic()
