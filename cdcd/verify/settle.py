@@ -31,7 +31,7 @@ from cdcd.verify.mirror_sums import bucket_rows
 from cdcd.verify.normalize import normal
 from cdcd.verify.ranges import CHUNK_BUCKETS
 from cdcd.verify.report import SHOW_KEYS
-from cdcd.verify.sides import source_side
+from cdcd.verify.sides import SourceSide, source_side
 from cdcd.verify.source import SourceTable, TableShape
 
 ROUNDS = 3
@@ -99,15 +99,15 @@ class Settle:
             return MySqlPosition.at(pos.file, pos.pos, epoch=like.epoch)
         return pos
 
-    async def _mirror_reached(self, at: Position) -> str:
-        """Wait until the mirror holds every change below ``at``; '' then, else why not."""
+    async def _mirror_reached(self, side: SourceSide, at: Position) -> str:
+        """Wait until the mirror holds every change below ``at`` (the snapshot's); '' then, else why not."""
         through: int | None = None  # the first checkpoint's batch at or past ``at``: it and those before hold them
         while True:
             found = self._checkpoint()
             if found is None:
                 return f"no checkpoint in state.path {self.config.state.path} (is this the daemon's config?)"
             pos, seq = found
-            if through is None and _at_or_past(pos, self._in_epoch(at, pos)):
+            if through is None and (_at_or_past(pos, self._in_epoch(at, pos)) or side.holds_snapshot(pos)):
                 through = seq  # not a later checkpoint's: under steady writes it moves ahead of any consumer
             if through is not None and self._applied_through(through):
                 return ""
@@ -149,7 +149,7 @@ class Settle:
                     out.note = "the source does not tell its position"
                     break
                 # waited with the snapshot open (its session shows in pg_stat_activity while verify waits)
-                why = await self._mirror_reached(side.at)
+                why = await self._mirror_reached(side, side.at)
                 if why:
                     out.note = why
                     break

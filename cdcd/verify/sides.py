@@ -18,6 +18,7 @@ from cdcd.config import Config
 from cdcd.errors import CdcdError, SourceError
 from cdcd.events import TableId
 from cdcd.positions import MySqlPosition, PgPosition, Position, parse_lsn
+from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, parse_gtid_set
 from cdcd.verify.source import PG_SESSION, TableShape, my_rows, my_shape, pg_rows, pg_shape
 
 Digests = dict[int, tuple[int, int, int]]
@@ -29,6 +30,11 @@ class SourceSide(Protocol):
     #: may lack, ``at`` at or above every change it holds (None: the source does not tell)
     before: Position | None
     at: Position | None
+
+    def holds_snapshot(self, checkpoint: Position) -> bool:
+        """Whether a checkpoint at ``checkpoint`` holds every change the snapshot holds, known by more than the
+        order of positions (``cdcd.verify.settle`` asks it when the checkpoint is below ``at``)."""
+        ...
 
     async def shape(self, t: TableId) -> TableShape: ...
     async def count(self, shape: TableShape) -> int: ...
@@ -52,6 +58,9 @@ def _all_exprs(shape: TableShape) -> list[str]:
 class PgSide:
     def __init__(self, conn: Any, before: Position | None = None, at: Position | None = None) -> None:
         self.conn, self.before, self.at = conn, before, at
+
+    def holds_snapshot(self, checkpoint: Position) -> bool:
+        return False  # the daemon's checkpoint follows the server's WAL position when idle (its keepalives)
 
     async def shape(self, t: TableId) -> TableShape:
         return await pg_shape(self.conn, t)
@@ -77,8 +86,20 @@ class PgSide:
 
 
 class MySide:
-    def __init__(self, cur: Any, before: Position | None = None, at: Position | None = None) -> None:
+    def __init__(self, cur: Any, before: Position | None = None, at: Position | None = None,
+                 gtids: GtidSet | None = None) -> None:
         self.cur, self.before, self.at = cur, before, at
+        self.gtids = gtids  # the server's binlogged GTID set, read once the snapshot began (None: not known)
+
+    def holds_snapshot(self, checkpoint: Position) -> bool:
+        """By GTIDs: a binlog position cannot tell, since the checkpoint of a delivered transaction stands at its
+        start (``MySqlPosition``) and ``at`` is the binlog's end, so on an idle source it stays below ``at``. A
+        checkpoint's GTID set holds the transactions it completed; when it holds every transaction the server
+        had binlogged once the snapshot began, it holds every change the snapshot can see."""
+        if self.gtids is None or not isinstance(checkpoint, MySqlPosition) or not checkpoint.gtid:
+            return False
+        mine = parse_gtid_set("mariadb" if isinstance(self.gtids, MariaGtidSet) else "mysql", checkpoint.gtid)
+        return mine.contains(self.gtids)  # type: ignore[arg-type]  # both of the server's flavor
 
     async def shape(self, t: TableId) -> TableShape:
         return await my_shape(self.cur, t)
@@ -123,6 +144,24 @@ async def _binlog_position(cur: Any, statement: str) -> Position | None:
     return MySqlPosition.at(str(file), int(pos)) if file and pos is not None else None
 
 
+async def _binlogged_gtids(cur: Any, flavor: str) -> GtidSet | None:
+    """The GTID set of every transaction the server has binlogged (MariaDB ``gtid_binlog_pos``; MySQL
+    ``gtid_executed`` with ``gtid_mode`` ON); None when it has none, GTIDs are off or the variable is unreadable.
+    Read after the snapshot began, it holds every binlogged transaction the snapshot sees (a transaction is
+    binlogged before its engine commit)."""
+    statement = ("SELECT @@GLOBAL.gtid_binlog_pos, 'ON'" if flavor == "mariadb"
+                 else "SELECT @@GLOBAL.gtid_executed, @@GLOBAL.gtid_mode")
+    try:
+        await cur.execute(statement)
+        row = await cur.fetchone()
+        gtids = parse_gtid_set(flavor, str(row[0] or "")) if row and str(row[1]).upper() == "ON" else None
+    except (pymysql.MySQLError, ValueError) as exc:  # the position order alone decides then
+        log.warning("verify cannot read the server's GTID set", statement=statement, error=str(exc))
+        return None
+    empty = gtids is None or (not gtids.domains if isinstance(gtids, MariaGtidSet) else not gtids.sids)
+    return None if empty else gtids
+
+
 @asynccontextmanager
 async def source_side(config: Config) -> AsyncIterator[SourceSide]:
     """The source in one read-only snapshot transaction, with the source's own connection and TLS code."""
@@ -158,7 +197,8 @@ async def source_side(config: Config) -> AsyncIterator[SourceSide]:
             # MariaDB names the binlog position of the snapshot itself; MySQL only the position now
             my_at = (await _binlog_position(cur, "SHOW STATUS LIKE 'binlog_snapshot_%'")
                      or await _binlog_position(cur, "SHOW MASTER STATUS"))
-            yield MySide(cur, my_at if config.source.kind == "mariadb" else my_before, my_at)
+            flavor = "mariadb" if config.source.kind == "mariadb" else "mysql"
+            yield MySide(cur, my_at if flavor == "mariadb" else my_before, my_at, await _binlogged_gtids(cur, flavor))
             await cur.execute("COMMIT")
     finally:
         myconn.close()
