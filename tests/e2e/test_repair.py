@@ -30,26 +30,26 @@ ROWS = 3000
 
 @contextmanager
 def consumer_merging(landing: Path, target: Path, fmt: str) -> Iterator[None]:
-    """The operator's consumer: `--once` runs one after another in a thread until the block ends (its failure
+    """The operator's consumer: `--once` runs every half second in a thread until the block ends (its failure
     fails the test at the end of the block)."""
     from cdcd.spark.job import run
 
-    merging, failed = threading.Event(), []
+    done, failed = threading.Event(), []
 
     def merge() -> None:
-        while merging.is_set():
+        while not done.is_set():
             code = run(str(landing), str(target), once=True, fmt=fmt)
             if code != 0:
                 failed.append(code)
                 return
+            done.wait(0.5)  # a scheduler's runs come every so often, not back to back (each costs Spark's CPU)
 
-    merging.set()
     consumer = threading.Thread(target=merge)
     consumer.start()
     try:
         yield
     finally:
-        merging.clear()
+        done.set()
         consumer.join(120)
     assert not consumer.is_alive() and not failed, f"the consumer failed: exit {failed}"
 
