@@ -10,6 +10,7 @@ errors in cdcd's own SQL are not (``SourceFatal``).
 from __future__ import annotations
 
 import asyncio
+from typing import NoReturn
 
 import pymysql
 
@@ -63,3 +64,12 @@ def query_error(exc: BaseException, where: str) -> BaseException:
         return exc
     err.__cause__ = exc
     return err
+
+
+def raise_query_error(exc: BaseException, where: str) -> NoReturn:
+    """Raise ``query_error(exc, where)`` chained to ``exc``; ``exc`` itself when it is returned unchanged (a
+    ``raise query_error(exc) from exc`` would make such an error its own cause)."""
+    err = query_error(exc, where)
+    if err is exc:
+        raise exc
+    raise err from exc

@@ -39,7 +39,7 @@ from cdcd.events import Item, Mark, MarkKind, RowBlock, TableId, TableSchema
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql import bulkread
 from cdcd.sources.mysql.connection import open_connection as open_connection
-from cdcd.sources.mysql.failures import query_error
+from cdcd.sources.mysql.failures import query_error, raise_query_error
 from cdcd.sources.mysql.queries import (
     Watermark,
     after_clause,
@@ -173,7 +173,7 @@ class Snapshotter:
         except Exception as exc:
             for b in bulks:
                 b.close()
-            raise query_error(exc, f"opening the snapshot on {self._where}") from exc
+            raise_query_error(exc, f"opening the snapshot on {self._where}")
         for c in self._conns[shared:]:
             c.close()
         for b in bulks[shared:]:

@@ -34,7 +34,7 @@ from cdcd.sources.mysql.chunks import MyChunkReader
 from cdcd.sources.mysql.connection import connect_params
 from cdcd.sources.mysql.ddl import parse_ddl
 from cdcd.sources.mysql.expiry import EXPIRY_VARIABLES, BinlogExpiry, expiry_check
-from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of, query_error
+from cdcd.sources.mysql.failures import TRANSIENT_CODES, code_of, raise_query_error
 from cdcd.sources.mysql.identity import (
     BinlogFacts,
     Verdict,
@@ -117,7 +117,7 @@ class MySqlSource(Recovering, Source):
         try:
             plan = await self._connect(resume)
         except Exception as exc:
-            raise query_error(exc, f"connecting to {self.server.where}") from exc
+            raise_query_error(exc, f"connecting to {self.server.where}")
         snapshot = None
         if plan.snapshot_tasks is not None:
             snapshot = MySqlSnapshot(self.server, plan.snapshot_tasks, plan.watermark, plan.fresh_snapshot)
@@ -309,7 +309,7 @@ class MySqlSource(Recovering, Source):
                 raise ConfigError(f"snapshot request: the condition {where!r} does not work on {t}: {exc.args[1]} "
                                   f"(the server's words on {self.server.where}, error {code}); "
                                   "correct --where") from None
-            raise query_error(exc, f"checking a snapshot condition on {self.server.where}") from exc
+            raise_query_error(exc, f"checking a snapshot condition on {self.server.where}")
         finally:
             conn.close()
         parse_where(where, [k for k, _ in key], str(t), key_kind(key[0][1]) if len(key) == 1 else "other")
