@@ -7,6 +7,7 @@ compares later are of the same moment.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -126,13 +127,25 @@ class MySide:
         return my_rows(shape, list(await self.cur.fetchall()))
 
 
-async def _binlog_position(cur: Any, statement: str) -> Position | None:
+async def _status_rows(cur: Any, statement: str, timeout_s: float) -> list[tuple[Any, ...]]:
+    """The rows of a status statement, bounded: a server that does not answer within ``timeout_s`` is an error
+    (the connection is then unusable: a read was cut short)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await cur.execute(statement)
+            return list(await cur.fetchall())
+    except TimeoutError:
+        raise SourceError(f"verify: {statement!r} got no answer within runtime.source_read_timeout_s "
+                          f"({timeout_s:g} s); check that the server is up and reachable, then run verify "
+                          "again") from None
+
+
+async def _binlog_position(cur: Any, statement: str, timeout_s: float) -> Position | None:
     """The binlog file and offset a statement reports (SHOW MASTER STATUS, or MariaDB's binlog_snapshot_file
     and _position status variables); None without a binlog or the privilege to see it (the epoch is the
     checkpoint's, set by ``cdcd.verify.settle``)."""
     try:
-        await cur.execute(statement)
-        rows = list(await cur.fetchall())
+        rows = await _status_rows(cur, statement, timeout_s)
     except pymysql.MySQLError as exc:  # no binlog, no privilege: the differences are then not re-checked
         log.warning("verify cannot read the binlog position", statement=statement, error=str(exc))
         return None
@@ -144,7 +157,7 @@ async def _binlog_position(cur: Any, statement: str) -> Position | None:
     return MySqlPosition.at(str(file), int(pos)) if file and pos is not None else None
 
 
-async def _binlogged_gtids(cur: Any, flavor: str) -> GtidSet | None:
+async def _binlogged_gtids(cur: Any, flavor: str, timeout_s: float) -> GtidSet | None:
     """The GTID set of every transaction the server has binlogged (MariaDB ``gtid_binlog_pos``; MySQL
     ``gtid_executed`` with ``gtid_mode`` ON); None when it has none, GTIDs are off or the variable is unreadable.
     Read after the snapshot began, it holds every binlogged transaction the snapshot sees (a transaction is
@@ -152,8 +165,7 @@ async def _binlogged_gtids(cur: Any, flavor: str) -> GtidSet | None:
     statement = ("SELECT @@GLOBAL.gtid_binlog_pos, 'ON'" if flavor == "mariadb"
                  else "SELECT @@GLOBAL.gtid_executed, @@GLOBAL.gtid_mode")
     try:
-        await cur.execute(statement)
-        row = await cur.fetchone()
+        row = next(iter(await _status_rows(cur, statement, timeout_s)), None)
         gtids = parse_gtid_set(flavor, str(row[0] or "")) if row and str(row[1]).upper() == "ON" else None
     except (pymysql.MySQLError, ValueError) as exc:  # the position order alone decides then
         log.warning("verify cannot read the server's GTID set", statement=statement, error=str(exc))
@@ -192,13 +204,15 @@ async def source_side(config: Config) -> AsyncIterator[SourceSide]:
         raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
     try:
         async with myconn.cursor() as cur:
-            my_before = await _binlog_position(cur, "SHOW MASTER STATUS")
+            limit = config.runtime.source_read_timeout_s
+            my_before = await _binlog_position(cur, "SHOW MASTER STATUS", limit)
             await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             # MariaDB names the binlog position of the snapshot itself; MySQL only the position now
-            my_at = (await _binlog_position(cur, "SHOW STATUS LIKE 'binlog_snapshot_%'")
-                     or await _binlog_position(cur, "SHOW MASTER STATUS"))
+            my_at = (await _binlog_position(cur, "SHOW STATUS LIKE 'binlog_snapshot_%'", limit)
+                     or await _binlog_position(cur, "SHOW MASTER STATUS", limit))
             flavor = "mariadb" if config.source.kind == "mariadb" else "mysql"
-            yield MySide(cur, my_at if flavor == "mariadb" else my_before, my_at, await _binlogged_gtids(cur, flavor))
+            gtids = await _binlogged_gtids(cur, flavor, limit)
+            yield MySide(cur, my_at if flavor == "mariadb" else my_before, my_at, gtids)
             await cur.execute("COMMIT")
     finally:
         myconn.close()

@@ -25,7 +25,7 @@ from cdcd.events import Item, Mark, MarkKind, TableId
 from cdcd.positions import MySqlPosition
 from cdcd.sources.mysql.binlog import StartPoint
 from cdcd.sources.mysql.connection import ConnectParams
-from cdcd.sources.mysql.failures import query_error
+from cdcd.sources.mysql.failures import raise_query_error
 from cdcd.sources.mysql.identity import (
     BinlogAt,
     BinlogFacts,
@@ -105,13 +105,8 @@ class MySqlServer:
                     conn.close()
                     self._ctl = None
                     raise
-        except SourceError:
-            raise
-        except Exception as exc:
-            err = query_error(exc, f"{what} on {self.where}")
-            if err is exc:
-                raise
-            raise err from exc
+        except Exception as exc:  # cdcd's own errors as they are (``raise_query_error``)
+            raise_query_error(exc, f"{what} on {self.where}")
 
     async def query(self, sql: str, args: Any = None, timeout: float | None = None) -> list[tuple[Any, ...]]:
         """One query on the control connection, bounded by ``timeout`` (``controlled``)."""
