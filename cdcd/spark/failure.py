@@ -8,6 +8,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdcd.landing.manifest import Manifest
 from cdcd.landing.objstore import is_object_url
@@ -20,6 +21,8 @@ _log = get_logger("cdcd.spark")
 
 #: The first characters of a failure's message in its error line (Spark's can hold a whole query plan).
 MESSAGE_MAX = 2000
+#: How far down a Java exception's causes the error line looks for the root (a cause may point back up).
+CAUSES_MAX = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,7 @@ def _message_and_trace(exc: BaseException) -> tuple[str, str]:
     java = getattr(exc, "java_exception", None)  # py4j's Py4JJavaError
     if java is not None:
         try:
-            return str(java.toString()), str(exc)
+            return _java_message(java), str(exc)
         except Exception:  # the JVM is gone: what py4j kept
             return str(exc).split("\n", 1)[0], trace
     text = str(exc)
@@ -53,6 +56,16 @@ def _message_and_trace(exc: BaseException) -> tuple[str, str]:
         text = text.split("\n\nJVM stacktrace:", 1)[0]
         trace = f"{trace}\nJVM stacktrace:\n{stack}"
     return text.strip()[:MESSAGE_MAX] or type(exc).__name__, trace
+
+
+def _java_message(java: Any) -> str:
+    """A Java exception's text, and its root cause's when another: a wrapper such as Scala's "Boxed Exception"
+    (an Error inside a future) says nothing of what failed."""
+    text = str(java.toString())
+    root, seen = java, 0
+    while root.getCause() is not None and seen < CAUSES_MAX:
+        root, seen = root.getCause(), seen + 1
+    return text if root is java else f"{text} (caused by {root.toString()})"
 
 
 def _missing_files(landing: Path, batches: list[tuple[int, Manifest]]) -> list[tuple[int, str, str]]:
@@ -89,6 +102,10 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
     elif "OutOfMemoryError" in text or "Java heap space" in text:
         fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
                "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
+    elif "CodeCache" in text:
+        fix = ("the JVM's code cache is full: keep -XX:ReservedCodeCacheSize=240m (or more) in CDCD_SPARK_JAVA_OPTIONS "
+               "for `cdcd spark run`, or in --driver-java-options and spark.executor.extraJavaOptions under "
+               "spark-submit, then start the consumer again (docs/spark-internals.md, performance)")
     elif "No space left on device" in text:
         fix = (f"a file system is full: free space where {target}, {landing} (its consumed markers) or Spark's "
                "temporary directories live (the error names the file), then start the consumer again; what was "

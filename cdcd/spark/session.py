@@ -61,8 +61,10 @@ def under_spark_submit() -> bool:
 #: JVM flags of a local session (``CDCD_SPARK_JAVA_OPTIONS`` replaces them; docs/spark-internals.md, performance).
 #: C1 only: a merge runs a wide variety of code (planning, Delta's log, code generated per statement) a few
 #: times, and the C2 compiler spent more CPU compiling it than its code saved (a third of the JVM's CPU in a
-#: one-shot run of a million events). The parallel collector: less CPU than G1 on two cores.
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+#: one-shot run of a million events). The parallel collector: less CPU than G1 on two cores. The code cache
+#: at the size the JVM reserves with C2: with C1 only it defaults to 48 MB, which a consumer filled in six
+#: minutes; the JVM then stops compiling and fails where it needs room there ("Out of space in CodeCache").
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseParallelGC"
 
 
 def large_row_settings(cds_archive: bool = True) -> dict[str, str]:
