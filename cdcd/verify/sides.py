@@ -7,7 +7,6 @@ compares later are of the same moment.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
@@ -20,7 +19,7 @@ from cdcd.errors import CdcdError, SourceError
 from cdcd.events import TableId
 from cdcd.positions import MySqlPosition, PgPosition, Position, parse_lsn
 from cdcd.sources.mysql.gtid import GtidSet, MariaGtidSet, parse_gtid_set
-from cdcd.verify.source import PG_SESSION, TableShape, my_rows, my_shape, pg_rows, pg_shape
+from cdcd.verify.source import PG_SESSION, BoundedCursor, TableShape, my_rows, my_shape, pg_rows, pg_shape
 
 Digests = dict[int, tuple[int, int, int]]
 log = structlog.get_logger("cdcd.verify")
@@ -87,7 +86,7 @@ class PgSide:
 
 
 class MySide:
-    def __init__(self, cur: Any, before: Position | None = None, at: Position | None = None,
+    def __init__(self, cur: BoundedCursor, before: Position | None = None, at: Position | None = None,
                  gtids: GtidSet | None = None) -> None:
         self.cur, self.before, self.at = cur, before, at
         self.gtids = gtids  # the server's binlogged GTID set, read once the snapshot began (None: not known)
@@ -107,7 +106,7 @@ class MySide:
 
     async def count(self, shape: TableShape) -> int:
         await self.cur.execute(f"SELECT COUNT(*) FROM {shape.quoted}")
-        return int((await self.cur.fetchone())[0])
+        return int((await self.cur.fetchall())[0][0])
 
     async def digests(self, shape: TableShape, buckets: int) -> Digests:
         from cdcd.sources.mysql.checksums import digest_sql
@@ -127,25 +126,13 @@ class MySide:
         return my_rows(shape, list(await self.cur.fetchall()))
 
 
-async def _status_rows(cur: Any, statement: str, timeout_s: float) -> list[tuple[Any, ...]]:
-    """The rows of a status statement, bounded: a server that does not answer within ``timeout_s`` is an error
-    (the connection is then unusable: a read was cut short)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            await cur.execute(statement)
-            return list(await cur.fetchall())
-    except TimeoutError:
-        raise SourceError(f"verify: {statement!r} got no answer within runtime.source_read_timeout_s "
-                          f"({timeout_s:g} s); check that the server is up and reachable, then run verify "
-                          "again") from None
-
-
-async def _binlog_position(cur: Any, statement: str, timeout_s: float) -> Position | None:
+async def _binlog_position(cur: BoundedCursor, statement: str) -> Position | None:
     """The binlog file and offset a statement reports (SHOW MASTER STATUS, or MariaDB's binlog_snapshot_file
     and _position status variables); None without a binlog or the privilege to see it (the epoch is the
     checkpoint's, set by ``cdcd.verify.settle``)."""
     try:
-        rows = await _status_rows(cur, statement, timeout_s)
+        await cur.execute(statement)
+        rows = await cur.fetchall()
     except pymysql.MySQLError as exc:  # no binlog, no privilege: the differences are then not re-checked
         log.warning("verify cannot read the binlog position", statement=statement, error=str(exc))
         return None
@@ -157,7 +144,7 @@ async def _binlog_position(cur: Any, statement: str, timeout_s: float) -> Positi
     return MySqlPosition.at(str(file), int(pos)) if file and pos is not None else None
 
 
-async def _binlogged_gtids(cur: Any, flavor: str, timeout_s: float) -> GtidSet | None:
+async def _binlogged_gtids(cur: BoundedCursor, flavor: str) -> GtidSet | None:
     """The GTID set of every transaction the server has binlogged (MariaDB ``gtid_binlog_pos``; MySQL
     ``gtid_executed`` with ``gtid_mode`` ON); None when it has none, GTIDs are off or the variable is unreadable.
     Read after the snapshot began, it holds every binlogged transaction the snapshot sees (a transaction is
@@ -165,7 +152,8 @@ async def _binlogged_gtids(cur: Any, flavor: str, timeout_s: float) -> GtidSet |
     statement = ("SELECT @@GLOBAL.gtid_binlog_pos, 'ON'" if flavor == "mariadb"
                  else "SELECT @@GLOBAL.gtid_executed, @@GLOBAL.gtid_mode")
     try:
-        row = next(iter(await _status_rows(cur, statement, timeout_s)), None)
+        await cur.execute(statement)
+        row = await cur.fetchone()
         gtids = parse_gtid_set(flavor, str(row[0] or "")) if row and str(row[1]).upper() == "ON" else None
     except (pymysql.MySQLError, ValueError) as exc:  # the position order alone decides then
         log.warning("verify cannot read the server's GTID set", statement=statement, error=str(exc))
@@ -203,15 +191,15 @@ async def source_side(config: Config) -> AsyncIterator[SourceSide]:
     except CdcdError as exc:
         raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
     try:
-        async with myconn.cursor() as cur:
-            limit = config.runtime.source_read_timeout_s
-            my_before = await _binlog_position(cur, "SHOW MASTER STATUS", limit)
+        async with myconn.cursor() as raw:
+            cur = BoundedCursor(raw, config.runtime.source_read_timeout_s)
+            my_before = await _binlog_position(cur, "SHOW MASTER STATUS")
             await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             # MariaDB names the binlog position of the snapshot itself; MySQL only the position now
-            my_at = (await _binlog_position(cur, "SHOW STATUS LIKE 'binlog_snapshot_%'", limit)
-                     or await _binlog_position(cur, "SHOW MASTER STATUS", limit))
+            my_at = (await _binlog_position(cur, "SHOW STATUS LIKE 'binlog_snapshot_%'")
+                     or await _binlog_position(cur, "SHOW MASTER STATUS"))
             flavor = "mariadb" if config.source.kind == "mariadb" else "mysql"
-            gtids = await _binlogged_gtids(cur, flavor, limit)
+            gtids = await _binlogged_gtids(cur, flavor)
             yield MySide(cur, my_at if flavor == "mariadb" else my_before, my_at, gtids)
             await cur.execute("COMMIT")
     finally:

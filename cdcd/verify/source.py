@@ -7,6 +7,8 @@ driver's Python value is the landed value, else in PostgreSQL's text form
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -23,6 +25,8 @@ PG_SESSION = {
     "extra_float_digits": "3",
     "bytea_output": "hex",
 }
+#: The first characters of a statement that a verify error names (a checksum query is long).
+STATEMENT_SHOWN = 120
 _PG_NATIVE = {"bool", "int2", "int4", "int8", "oid", "float4", "float8", "text", "varchar", "bpchar", "bytea",
               "date", "time", "timestamp", "timestamptz", "json", "jsonb", "name"}
 
@@ -40,6 +44,40 @@ class SourceTable:
     columns: list[SourceColumn]
     key: list[str]
     rows: list[tuple[Any, ...]]
+
+
+class BoundedCursor:
+    """A MariaDB/MySQL cursor whose every statement and fetch finishes within ``timeout_s``
+    (runtime.source_read_timeout_s, as asyncpg's command_timeout bounds verify's PostgreSQL queries): a silent
+    server or a query slower than the limit ends verify with a ``SourceError`` naming the statement (the
+    connection is then unusable: a read was cut short)."""
+
+    def __init__(self, cur: Any, timeout_s: float) -> None:
+        self.cur, self.timeout_s = cur, timeout_s
+        self._statement = ""
+
+    async def execute(self, statement: str, args: Any = None) -> None:
+        self._statement = statement
+        await self._within(self.cur.execute(statement, args))
+
+    async def fetchall(self) -> list[tuple[Any, ...]]:
+        return list(await self._within(self.cur.fetchall()))
+
+    async def fetchone(self) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = await self._within(self.cur.fetchone())
+        return row
+
+    async def _within(self, call: Awaitable[Any]) -> Any:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await call
+        except TimeoutError:
+            shown = " ".join(self._statement.split())
+            shown = shown if len(shown) <= STATEMENT_SHOWN else shown[:STATEMENT_SHOWN] + "..."
+            raise SourceError(f"verify: {shown!r} did not finish within runtime.source_read_timeout_s "
+                              f"({self.timeout_s:g} s): the server did not answer (check that it is up and "
+                              "reachable) or the query takes longer on this table (raise the setting); then run "
+                              "verify again") from None
 
 
 def _qi(name: str, quote: str) -> str:
@@ -138,7 +176,8 @@ async def read_mysql(config: Config, tables: list[TableId] | None = None) -> lis
     except CdcdError as exc:
         raise SourceError(f"verify: cannot connect to {src.kind} {src.host}:{src.effective_port}: {exc}") from exc
     try:
-        async with conn.cursor() as cur:
+        async with conn.cursor() as raw:
+            cur = BoundedCursor(raw, config.runtime.source_read_timeout_s)
             await cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             out = [await _my_table(cur, t) for t in (src.table_ids if tables is None else tables)]
             await cur.execute("COMMIT")
