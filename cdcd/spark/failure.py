@@ -99,13 +99,13 @@ def describe(exc: BaseException, landing: Path, target: Path, fmt: str,
         fix = (f"Delta Lake refused a column type change of {tables} that its type widening does not cover: take "
                "one of the two ways out of docs/spark.md, Schema changes (a new mirror version, or a rewrite approved "
                "with the mirror's table property cdcd.rewrite.<column>), then start the consumer again")
-    elif "OutOfMemoryError" in text or "Java heap space" in text:
-        fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
-               "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
-    elif "CodeCache" in text:
+    elif "CodeCache" in text:  # before the heap: "OutOfMemoryError: Out of space in CodeCache ..."
         fix = ("the JVM's code cache is full: keep -XX:ReservedCodeCacheSize=240m (or more) in CDCD_SPARK_JAVA_OPTIONS "
                "for `cdcd spark run`, or in --driver-java-options and spark.executor.extraJavaOptions under "
                "spark-submit, then start the consumer again (docs/spark-internals.md, performance)")
+    elif "OutOfMemoryError" in text or "Java heap space" in text:
+        fix = ("the JVM ran out of heap: raise CDCD_SPARK_DRIVER_MEMORY (default 2g) for `cdcd spark run`, or "
+               "spark.driver.memory / spark.executor.memory under spark-submit (docs/spark.md, memory)")
     elif "No space left on device" in text:
         fix = (f"a file system is full: free space where {target}, {landing} (its consumed markers) or Spark's "
                "temporary directories live (the error names the file), then start the consumer again; what was "

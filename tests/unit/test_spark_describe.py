@@ -29,3 +29,10 @@ def test_a_full_disk_names_the_target_and_the_landing_zone(tmp_path: Path) -> No
     failure = describe(exc, tmp_path / "landing", tmp_path / "target", "parquet", [])
     assert failure.fix is not None and "a file system is full" in failure.fix
     assert str(tmp_path / "target") in failure.fix and f"{tmp_path / 'landing'} (its consumed markers)" in failure.fix
+
+
+def test_a_full_code_cache_is_not_taken_for_a_full_heap(tmp_path: Path) -> None:
+    # the JVM reports some code cache failures as an OutOfMemoryError: the fix is the code cache's, not the heap's
+    exc = failed("java.lang.OutOfMemoryError: Out of space in CodeCache for method handle intrinsic", table=None)
+    failure = describe(exc, tmp_path / "landing", tmp_path / "target", "delta", [])
+    assert failure.fix is not None and "code cache is full" in failure.fix and "heap" not in failure.fix
