@@ -112,9 +112,11 @@ class Settle:
             if through is not None and self._applied_through(through):
                 return ""
             if time.monotonic() >= self.deadline:
-                return (f"the mirror did not reach the source's position {at} within --settle-timeout (daemon at "
-                        f"{pos}, batch {seq}; the consumer applied batch {self._applied_seq()} and not all before "
-                        "the daemon's)")
+                return f"the mirror did not reach the source's position {at} within --settle-timeout: " + (
+                    f"the daemon's checkpoint is at {pos}, batch {seq}, short of it (is `cdcd run` running and "
+                    "caught up?)" if through is None else
+                    f"the consumer applied batch {self._applied_seq()}, not every batch up to {through}, the "
+                    "daemon's first checkpoint past it (is `cdcd spark run` running?)")
             await asyncio.sleep(POLL_S)
 
     def _changed_keys(self, shape: TableShape, since: Position, like: Position) -> set[tuple[str, ...]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.processes import finished, spark_consumer
+from support.processes import daemon_phase, finished, spark_consumer
 from support.s3 import client, keys, pg_daemon_config
 from support.waits import wait_for
 
@@ -70,6 +70,10 @@ def land(pg: PostgresServer, db: str, cfg: Path, landing: str, runs: int) -> Non
         with open(log, "wb") as out:
             daemon = subprocess.Popen([CDCD, "run", "-c", str(cfg)], stdout=out, stderr=subprocess.STDOUT)
         try:
+            # the workload streamed, not read by the snapshot: the sentinel, landed, then follows all of it (a
+            # snapshot lands its tables side by side, so the sentinel may land before another table's rows)
+            wait_for(f"daemon run {run} streaming", lambda: daemon_phase(cfg) == "streaming", 180, procs=daemon,
+                     log=log, step=0.2)
             workload(pg, db, run * 10000)
             pg.psql(f"INSERT INTO orders VALUES ({900000 + run}, 0, 'sentinel')", db)
             wait_for(f"sentinel {run} landed", lambda r=run: 900000 + r in landed_ids(landing), 180, procs=daemon,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -38,3 +42,15 @@ def finished(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> tuple[
             proc.kill()
             proc.wait(timeout=30)
     return proc.returncode, log.read_text(errors="replace")
+
+
+def daemon_phase(cfg: Path) -> str | None:
+    """The source's phase in the /status of the daemon run with ``cfg`` ("snapshot", "streaming"); None while it
+    does not answer yet."""
+    listen = tomllib.loads(cfg.read_text())["http"]["listen"]
+    try:
+        with urllib.request.urlopen(f"http://{listen}/status", timeout=5) as resp:
+            phase: str | None = json.loads(resp.read())["source"].get("phase")
+            return phase
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
