@@ -50,7 +50,7 @@ def daemon_phase(cfg: Path) -> str | None:
     listen = tomllib.loads(cfg.read_text())["http"]["listen"]
     try:
         with urllib.request.urlopen(f"http://{listen}/status", timeout=5) as resp:
-            phase: str | None = json.loads(resp.read())["source"].get("phase")
+            phase: str | None = (json.loads(resp.read()).get("source") or {}).get("phase")
             return phase
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return None
